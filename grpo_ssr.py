@@ -1,0 +1,1141 @@
+"""GRPO with Selective Sample Replay (SSR), in one readable file.
+
+GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) trains a language model from a reward
+alone: for each prompt it samples a *group* of `num_generations` completions, scores them, and pushes up the
+log-probability of the completions that scored above their group's mean and down those below it. There is no value
+network: the group mean is the baseline.
+
+SSR (Selective Sample Replay, VL-Rethinker arXiv 2504.08837) fixes GRPO's "vanishing advantages": when every
+completion of a group gets the same reward, all their advantages are zero and the group teaches nothing. SSR keeps
+the samples with a non-zero advantage in a replay buffer and draws each training batch from it with probability
+proportional to |advantage|^alpha, so every step trains on samples that carry signal.
+
+Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, about two minutes), `python grpo_ssr.py --help`.
+
+The file reads top to bottom in the order the algorithm runs:
+    config -> device and seeds -> model and data -> reward -> generation -> log-probabilities -> advantages
+    -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
+
+What this file deliberately leaves out (and why):
+- vLLM / fast inference servers, DeepSpeed, FSDP, PEFT/LoRA, multi-GPU: they are speed and scale, not the algorithm.
+  Generation uses `model.generate` with plain temperature sampling.
+- Entropy masking, truncated-completion masking, importance-sampling corrections for inference engines, and the
+  many `loss_type`s TRL has added since: only `grpo`, `bnpo`, `dr_grpo` and `dapo` are here.
+- Reward models: rewards are Python functions with TRL's signature.
+
+Where it departs from the TRL pull request it grew from (and why):
+- Replayed samples keep the behaviour log-probabilities stored when they were generated and use them as the "old"
+  log-probabilities of the clipped ratio. The pull request used the current log-probabilities when
+  `num_iterations == 1`, which makes the ratio exactly 1 and leaves stale samples uncorrected.
+- `split_tensor_dict` splits a batch into single samples (dicts of 1-D tensors), not into chunks of rows, because the
+  buffers store single samples. Feeding it batches of rows is what kept TRL's experimental buffer to one group.
+- The uniform `ReplayBuffer` holds exactly one generation batch, so it reproduces plain GRPO: every sample is trained
+  on exactly `num_iterations` times.
+- Sampling is temperature-only. The model's own generation defaults (Qwen2's top-k 20, top-p 0.8, repetition
+  penalty) are replaced, because the loss assumes the completions came from the distribution it computes.
+
+Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
+keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
+ssr_capacity_scalar` samples. Like the paper, advantages are not recomputed when a sample is replayed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Configuration: one dataclass, the CLI is generated from it. Names follow TRL's GRPOConfig where one exists.
+# ----------------------------------------------------------------------------------------------------------------------
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+BUFFER_CLASSES = {"ReplayBuffer": "ReplayBuffer", "uniform": "ReplayBuffer",
+                  "SSRReplayBuffer": "SSRReplayBuffer", "ssr": "SSRReplayBuffer"}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class GRPOConfig:
+    # --- model and data
+    model: str = _opt("tiny", "'tiny' builds a small random Qwen2 with a byte tokenizer, offline; otherwise a Hub id "
+                              "(e.g. Qwen/Qwen2-0.5B-Instruct) or a local folder, loaded with from_pretrained.")
+    dataset: str = _opt("builtin", "'builtin' is a set of TL;DR-style prompts made in code; otherwise a Hub id "
+                                   "(e.g. trl-lib/tldr) or a local .json/.jsonl/.csv/.parquet file.")
+    dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
+    prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or a list of chat messages that goes "
+                                        "through the tokenizer's chat template.")
+    reward_funcs: str = _opt("reward_len", "Comma-separated reward functions defined in this file: reward_len "
+                                           "(-|20 - length|) or reward_len_binary (1 if within 2 characters of 20). "
+                                           "From Python, pass any functions with TRL's signature to GRPOTrainer.")
+    reward_weights: Optional[str] = _opt(None, "Comma-separated weight per reward function; default all 1.0.")
+    output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
+    overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one. Off by "
+                                             "default so that a finished run is never overwritten by accident.")
+    seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
+    device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda. bf16 autocast on GPUs that support it.")
+    # --- optimisation
+    max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in ~2 CPU minutes.")
+    learning_rate: float = _opt(1e-3, "AdamW peak learning rate, decayed linearly to 0. 1e-3 suits the tiny random "
+                                      "model; use about 1e-6 for a pretrained 0.5B model (TRL's default).")
+    warmup_steps: int = _opt(0, "Linear warm-up steps before the linear decay.")
+    weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
+    max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
+    per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
+    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step. One generation batch holds "
+                                               "per_device_train_batch_size * gradient_accumulation_steps completions.")
+    # --- GRPO
+    num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
+    num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
+    max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
+    max_completion_length: int = _opt(64, "Most tokens generated per completion. 64 is enough for the length "
+                                          "reward's target of 20 characters; TRL's default is 256.")
+    temperature: float = _opt(1.0, "Sampling temperature; the log-probabilities use the same one. Top-k and top-p are off.")
+    beta: float = _opt(0.0, "Weight of the k3 KL penalty to the frozen initial model; 0 skips the reference model "
+                            "(TRL's default since 0.19).")
+    epsilon: float = _opt(0.2, "Lower clipping range of the ratio: [1 - epsilon, ...] (TRL's default 0.2).")
+    epsilon_high: Optional[float] = _opt(None, "Upper clipping range: [..., 1 + epsilon_high]; default epsilon. "
+                                               "DAPO uses 0.28.")
+    loss_type: str = _opt("bnpo", "grpo: mean per sequence, then over sequences. bnpo: tokens of the micro-batch. "
+                                  "dr_grpo: micro-batch size x max_completion_length. dapo: tokens of the whole step.")
+    scale_rewards: bool = _opt(True, "Divide each group's advantages by its reward std (+1e-4). Dr. GRPO turns it off.")
+    # --- replay
+    replay_buffer_class: str = _opt("SSRReplayBuffer", "SSRReplayBuffer (or ssr): keep non-zero-advantage samples, "
+                                                       "draw by |A|^alpha. ReplayBuffer (or uniform): plain GRPO.")
+    ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
+    ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha. 0 is uniform over the stored samples.")
+    max_generation_retries: int = _opt(3, "With SSR, how many extra generation batches to try when the buffer is "
+                                          "empty because every group had zero reward spread; then the step is skipped.")
+    # --- efficiency
+    logits_chunk_size: int = _opt(1024, "Tokens whose logits are materialised at once in the log-prob computation; "
+                                        "smaller saves memory with a large vocabulary.")
+    # --- output and checkpoints
+    logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
+    save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
+    resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder to continue from, or 'last' for the "
+                                                       "newest in --output_dir.")
+
+    @property
+    def generation_batch_size(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+class ConfigError(ValueError):
+    """A bad option, file or model: main() prints the message on one line and exits with status 2."""
+
+
+def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
+    if not ok:
+        raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
+
+
+def validate_config(cfg: GRPOConfig) -> None:
+    """Check every constrained field before any work is done. Raises ConfigError naming the option."""
+    for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
+                 "max_prompt_length", "max_completion_length", "logging_steps", "logits_chunk_size"):
+        _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be a positive integer")
+    for name in ("save_steps", "max_generation_retries", "warmup_steps"):
+        _check(getattr(cfg, name) >= 0, name, getattr(cfg, name), "must be >= 0")
+    _check(cfg.num_generations >= 2, "num_generations", cfg.num_generations, "must be >= 2 (a group needs a spread)")
+    _check(cfg.generation_batch_size % cfg.num_generations == 0, "num_generations", cfg.num_generations,
+           f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}")
+    _check(cfg.temperature > 0, "temperature", cfg.temperature, "must be > 0")
+    _check(cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be > 0")
+    _check(cfg.beta >= 0, "beta", cfg.beta, "must be >= 0")
+    _check(cfg.epsilon >= 0, "epsilon", cfg.epsilon, "must be >= 0")
+    _check(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", cfg.epsilon_high, "must be >= 0")
+    _check(cfg.max_grad_norm > 0, "max_grad_norm", cfg.max_grad_norm, "must be > 0")
+    _check(cfg.weight_decay >= 0, "weight_decay", cfg.weight_decay, "must be >= 0")
+    _check(cfg.ssr_alpha >= 0, "ssr_alpha", cfg.ssr_alpha, "must be >= 0")
+    _check(cfg.ssr_capacity_scalar >= 1, "ssr_capacity_scalar", cfg.ssr_capacity_scalar, "must be >= 1")
+    _check(cfg.loss_type in LOSS_TYPES, "loss_type", cfg.loss_type, f"choose one of {', '.join(LOSS_TYPES)}")
+    _check(cfg.replay_buffer_class in BUFFER_CLASSES, "replay_buffer_class", cfg.replay_buffer_class,
+           f"choose one of {', '.join(BUFFER_CLASSES)}")
+    _check(cfg.device in DEVICES, "device", cfg.device, f"choose one of {', '.join(DEVICES)}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
+    names = [n.strip() for n in cfg.reward_funcs.split(",")]
+    for n in names:
+        _check(n in REWARD_FUNCS, "reward_funcs", cfg.reward_funcs, f"choose from {', '.join(REWARD_FUNCS)}")
+    if cfg.reward_weights is not None:
+        try:
+            weights = [float(w) for w in cfg.reward_weights.split(",")]
+        except ValueError:
+            weights = []
+        _check(len(weights) == len(names), "reward_weights", cfg.reward_weights,
+               f"give {len(names)} comma-separated number(s), one per reward function")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Device and seeds: chosen in one place.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def pick_device(name: str = "auto") -> tuple[torch.device, Any]:
+    """Return the device and the autocast context to run the model under (bf16 on GPUs that support it)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return device, lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return device, nullcontext
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Model and data
+# ----------------------------------------------------------------------------------------------------------------------
+
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte, so a byte-level BPE with no merges has one token a byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
+
+
+def build_tiny_tokenizer(extra_tokens: int = 0):
+    """A byte-level tokenizer: ids 0-255 are bytes, then EOS and pad (and optional dummy tokens for benchmarks)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _byte_to_unicode().items()}
+    vocab.update({f"<|dummy_{i}|>": 256 + i for i in range(extra_tokens)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(vocab_size: int):
+    """A small random-initialised Qwen2: 2 layers, hidden size 64, about 0.1M parameters with the byte vocabulary."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config)
+
+
+def load_model(name: str):
+    """Return (model, tokenizer): the tiny model built in code, or from_pretrained on a Hub id or folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    if name == "tiny":
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(len(tokenizer))
+    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+        except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"--model {name!r} could not be loaded: {first_line}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # Replace the Hub's sampling defaults (Qwen2-Instruct ships top_k=20, top_p=0.8, repetition_penalty=1.05):
+    # transformers fills every option we leave unset from them, and GRPO's loss assumes plain temperature sampling.
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    return model, tokenizer
+
+
+BUILTIN_SUBREDDITS = ["relationships", "personalfinance", "AskDocs", "cooking", "legaladvice", "running"]
+BUILTIN_POSTS = [
+    "My roommate keeps eating my food even after we agreed on separate shelves. I don't want to move out.",
+    "I got a raise but my rent went up by the same amount. Should I look for a cheaper place or ask for more?",
+    "Every time I bake bread the crust burns before the middle is done. My oven runs hot, I think.",
+    "I signed a lease that says no pets, then my landlord saw my cat. He has not said anything yet.",
+    "Started running three weeks ago and my knees hurt after every run, even short ones on grass.",
+    "My partner wants to spend every holiday with their family and I miss seeing mine.",
+    "I have two credit cards with balances and a small savings account. Which should I pay off first?",
+    "Woke up with a rash on my arm after hiking. It itches and it is spreading slowly.",
+    "A coworker takes credit for my work in meetings. My manager does not seem to notice.",
+    "I want to cook for a party of twelve on a small budget and only have one oven.",
+    "My neighbour's tree dropped a branch on my car. They say it is an act of nature.",
+    "I keep skipping long runs because I get bored after forty minutes.",
+]
+
+
+def builtin_prompts() -> list[dict]:
+    """TL;DR-style prompts, made in code so the default run downloads nothing."""
+    rows = []
+    for i, post in enumerate(BUILTIN_POSTS):
+        for j, sub in enumerate(BUILTIN_SUBREDDITS):
+            if (i + j) % 2 == 0:  # 36 distinct prompts, each post under three subreddits
+                rows.append({"prompt": f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"})
+    return rows
+
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
+    """Return the dataset as a list of rows (dicts); each has `prompt_column` plus any other columns."""
+    if name == "builtin":
+        rows = builtin_prompts()
+        prompt_column = "prompt"
+    else:
+        from datasets import load_dataset
+
+        path = Path(name)
+        if path.suffix in LOCAL_FORMATS and not path.is_file():
+            raise ConfigError(f"--dataset {name!r}: no such file")
+        try:
+            if path.is_file():
+                if path.suffix not in LOCAL_FORMATS:
+                    raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
+                ds = load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split=split)
+            else:
+                ds = load_dataset(name, split=split)
+        except ConfigError:
+            raise
+        except Exception as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"--dataset {name!r} could not be read: {first_line}") from None
+        if prompt_column not in ds.column_names:
+            raise ConfigError(f"--prompt_column {prompt_column!r} is not a column of --dataset {name!r}; "
+                              f"columns: {', '.join(ds.column_names)}")
+        rows = ds.to_list()
+    if not rows:
+        raise ConfigError(f"--dataset {name!r} has no rows")
+    if prompt_column != "prompt":
+        rows = [{**r, "prompt": r[prompt_column]} for r in rows]
+    return rows
+
+
+class PromptSampler:
+    """Walks the dataset in a fresh seeded permutation each epoch; its state is two integers, so it checkpoints."""
+
+    def __init__(self, num_rows: int, seed: int):
+        self.num_rows, self.seed, self.epoch, self.pos = num_rows, seed, 0, 0
+
+    def next_indices(self, n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_rows)
+            take = order[self.pos:self.pos + n - len(out)]
+            out.extend(int(i) for i in take)
+            self.pos += len(take)
+            if self.pos == self.num_rows:
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) per completion.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _text(completion) -> str:
+    """A completion is a string, or (for chat prompts) a list with one assistant message."""
+    return completion if isinstance(completion, str) else completion[0]["content"]
+
+
+def reward_len(completions: list, **kwargs) -> list[float]:
+    """The seed's reward: -|20 - number of characters|. Best possible is 0, a 20-character completion."""
+    return [-float(abs(20 - len(_text(c)))) for c in completions]
+
+
+def reward_len_binary(completions: list, **kwargs) -> list[float]:
+    """A sparse variant: 1 within 2 characters of 20, else 0. Most groups then have zero spread early on."""
+    return [1.0 if abs(20 - len(_text(c))) <= 2 else 0.0 for c in completions]
+
+
+REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary}
+
+
+def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
+                      columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call each reward function; return the weighted rewards (B,) and the per-function scores (B, F).
+
+    None or NaN means "no score" from that function: it is left out of the weighted sum (as in TRL).
+    """
+    per_func = torch.empty(len(completions), len(reward_funcs), dtype=torch.float64)
+    for j, func in enumerate(reward_funcs):
+        name = getattr(func, "__name__", repr(func))
+        out = func(completions=completions, prompts=prompts, **columns)
+        if out is None or not hasattr(out, "__len__") or len(out) != len(completions):
+            got = "None" if out is None else (len(out) if hasattr(out, "__len__") else type(out).__name__)
+            raise ValueError(f"reward function {name!r} returned {got} values for {len(completions)} completions")
+        try:
+            per_func[:, j] = torch.tensor([math.nan if r is None else float(r) for r in out], dtype=torch.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"reward function {name!r} returned a value that is not a number: {list(out)[:4]}") from None
+    w = torch.tensor(weights, dtype=torch.float64)
+    rewards = (per_func * w).nansum(dim=1)  # (B,)
+    return rewards.float(), per_func
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Generation: temperature-only sampling, so the completions come from exactly the distribution the loss describes.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
+    """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
+    return [r["prompt"] if isinstance(r["prompt"], str)
+            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in rows]
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 for every token up to and including the first EOS, 0 after it. (B, C) -> (B, C) long."""
+    is_eos = completion_ids == eos_token_id
+    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completion_ids.size(1))  # (B,)
+    positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
+    return (positions[None, :] <= first_eos[:, None]).long()
+
+
+@torch.no_grad()
+def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
+                         max_completion_length: int, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
+
+    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous).
+    """
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    prompt_ids = enc.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
+    prompt_mask = enc.attention_mask[:, -max_prompt_length:].to(device)
+    prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (B, Tp), B = P * G
+    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    sampling = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, min_p=None,
+                                max_new_tokens=max_completion_length, eos_token_id=tokenizer.eos_token_id,
+                                pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=sampling)  # (B, Tp+Tc)
+    completion_ids = out[:, prompt_ids.size(1):]  # (B, Tc); Tc < max when every row hit EOS early
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Log-probabilities of the completion tokens, at the sampling temperature.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
+    logits = logits.float()
+    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _head_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], targets: torch.Tensor,
+                temperature: float) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias) / temperature  # (N, V): one chunk only
+    return selective_log_softmax(logits, targets)
+
+
+def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
+                       chunk_size: int) -> torch.Tensor:
+    """Apply the output head, log-softmax and gather `chunk_size` tokens at a time. (B, C, H), (B, C) -> (B, C).
+
+    With gradients on, each chunk is checkpointed: its logits are recomputed in backward instead of being kept,
+    so at most one chunk of (chunk_size, V) logits exists at any time.
+    """
+    flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    pieces = []
+    for s in range(0, flat_h.size(0), chunk_size):
+        args = (flat_h[s:s + chunk_size], head.weight, head.bias, flat_t[s:s + chunk_size], temperature)
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_head_logps, *args, use_reentrant=False))
+        else:
+            pieces.append(_head_logps(*args))
+    return torch.cat(pieces).view_as(targets)
+
+
+def _lean_head(model) -> Optional[torch.nn.Linear]:
+    """The output head if logits are exactly `head(hidden)`; None for models that post-process their logits
+    (soft-capping, logit scaling), which take the plain full-logits path."""
+    cfg = model.config
+    if any(getattr(cfg, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale",
+                                                               "logits_scaling")):
+        return None
+    head = model.get_output_embeddings()
+    return head if isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix) else None
+
+
+def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                    temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
+    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C)."""
+    # Positions count real tokens only, as in generate(), so left padding does not shift them.
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    targets = input_ids[:, -logits_to_keep:]  # (B, C)
+    head = _lean_head(model)
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
+        return selective_log_softmax(logits[:, :-1] / temperature, targets)
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
+    return chunked_head_logps(hidden, head, targets, temperature, chunk_size)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Advantages: each completion's reward relative to its own group.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def zero_spread_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """True for each group whose rewards are all equal. (B,) -> (B / G,) bool."""
+    grouped = rewards.view(-1, num_generations)
+    return grouped.max(dim=1).values == grouped.min(dim=1).values
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool = True) -> torch.Tensor:
+    """A_i = r_i - mean(group), divided by std(group) + 1e-4 when scaling. (B,) -> (B,).
+
+    Groups with zero spread get advantages of exactly 0 (not a rounding error away from it): SSR relies on that.
+    """
+    grouped = rewards.view(-1, num_generations)  # (B/G, G)
+    adv = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards:
+        adv = adv / (grouped.std(dim=1, keepdim=True) + 1e-4)  # unbiased std, as in TRL
+    adv = torch.where(zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv)
+    return adv.view(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """Split a batch dict of (B, ...) tensors (or lists) into B single-sample dicts. None values stay None."""
+    size = next(len(v) for v in batch.values() if v is not None)
+    return [{k: (None if v is None else v[i]) for k, v in batch.items()} for i in range(size)]
+
+
+def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack same-shaped single samples into a batch: tensors with torch.stack, other values into a list."""
+    out = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if all(v is None for v in values):
+            out[key] = None
+        elif any(v is None for v in values):
+            raise ValueError(f"combine_tensor_dict: {key!r} is None in some samples and not in others")
+        elif isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            out[key] = values
+    return out
+
+
+LOGP_KEYS = ("old_per_token_logps", "ref_per_token_logps")
+
+
+def _pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
+    pad = t.new_full((length - t.size(0),), value)
+    return torch.cat([pad, t] if left else [t, pad])
+
+
+def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
+    """Drop each sample's padding (per its masks), then pad all to the longest remaining prompt (on the left) and
+    completion (on the right). Log-probs follow the completion mask and pad with 0. Other keys pass through.
+
+    Samples from different generation batches were padded to different lengths; this makes them stackable with the
+    least padding, so a micro-batch wastes no compute on columns that are padding in every row.
+    """
+    trimmed = []
+    for s in samples:
+        keep_p, keep_c = s["prompt_mask"].bool(), s["completion_mask"].bool()
+        t = dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c])
+        for key in LOGP_KEYS:
+            if s.get(key) is not None:
+                t[key] = s[key][keep_c]
+        trimmed.append(t)
+    p_len = max(t["prompt_ids"].size(0) for t in trimmed)
+    c_len = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # keep at least one column to forward
+    out = []
+    for t in trimmed:
+        n_p, n_c = t["prompt_ids"].size(0), t["completion_ids"].size(0)
+        mask_dtype = samples[0]["prompt_mask"].dtype
+        t["prompt_ids"] = _pad_to(t["prompt_ids"], p_len, padding_value, left=True)
+        t["prompt_mask"] = _pad_to(torch.ones(n_p, dtype=mask_dtype, device=t["prompt_ids"].device), p_len, 0, True)
+        t["completion_ids"] = _pad_to(t["completion_ids"], c_len, padding_value, left=False)
+        t["completion_mask"] = _pad_to(torch.ones(n_c, dtype=mask_dtype, device=t["prompt_ids"].device), c_len, 0,
+                                       False)
+        for key in LOGP_KEYS:
+            if t.get(key) is not None:
+                t[key] = _pad_to(t[key], c_len, 0.0, left=False)
+        out.append(t)
+    return out
+
+
+class ReplayBuffer:
+    """Uniform buffer: a FIFO ring of samples, drawn without replacement from a shuffled queue.
+
+    The queue is a fresh permutation of the contents after every `add`, and again whenever it runs out. With
+    capacity = one generation batch, each sample is trained on exactly `num_iterations` times: plain GRPO.
+    Adding is O(1) per sample (a slot in a ring), sampling is one vectorised draw.
+    """
+
+    def __init__(self, capacity: int, seed: int = 0):
+        if capacity < 1:
+            raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.slots: list[Optional[dict]] = [None] * capacity
+        self.next_slot = 0  # where the next sample goes; once full, it is also the oldest sample
+        self.size = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        self.queue, self.queue_pos = torch.empty(0, dtype=torch.long), 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _store(self, sample: dict) -> None:
+        self.slots[self.next_slot] = sample  # overwrites the oldest when full: FIFO eviction
+        self.next_slot = (self.next_slot + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def add(self, samples: list[dict]) -> None:
+        for s in samples:
+            self._store(s)
+        self.queue_pos = len(self.queue)  # reset the queue: the next draw reshuffles
+
+    def can_serve(self, n: int) -> bool:
+        return self.size >= n
+
+    def sample(self, n: int) -> list[dict]:
+        if self.size < n:
+            raise ValueError(f"{type(self).__name__} holds {self.size} samples, cannot draw {n} without replacement")
+        if self.queue_pos + n > len(self.queue):
+            self.queue, self.queue_pos = torch.randperm(self.size, generator=self.generator), 0
+        idx = self.queue[self.queue_pos:self.queue_pos + n]
+        self.queue_pos += n
+        return [self.slots[i] for i in idx.tolist()]
+
+    def effective_sample_size(self) -> float:
+        return float(self.size)
+
+    def state_dict(self) -> dict:
+        return {"slots": self.slots[:], "next_slot": self.next_slot, "size": self.size,
+                "generator": self.generator.get_state(), "queue": self.queue, "queue_pos": self.queue_pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["slots"]) != self.capacity:
+            raise ValueError(f"{type(self).__name__}: checkpoint capacity {len(state['slots'])} != {self.capacity}")
+        self.slots, self.next_slot, self.size = state["slots"][:], state["next_slot"], state["size"]
+        self.generator.set_state(state["generator"])
+        self.queue, self.queue_pos = state["queue"], state["queue_pos"]
+
+
+class SSRReplayBuffer(ReplayBuffer):
+    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement, P(i) ~ |A_i|^alpha.
+
+    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored.
+    The priorities live in one tensor beside the ring, so a draw is a single torch.multinomial.
+    """
+
+    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0):
+        super().__init__(capacity, seed)
+        if alpha < 0:
+            raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
+        self.alpha = alpha
+        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot
+        self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
+
+    def add(self, samples: list[dict]) -> None:
+        for s in samples:
+            adv = abs(float(s["advantages"]))
+            if adv == 0.0:
+                self.rejected += 1
+                continue
+            self.priorities[self.next_slot] = adv ** self.alpha
+            self._store(s)
+
+    def can_serve(self, n: int) -> bool:
+        return self.size > 0  # draws are with replacement
+
+    def probabilities(self) -> torch.Tensor:
+        """P(i) for each stored sample, in slot order. (size,)"""
+        p = self.priorities[:self.size]
+        return p / p.sum()
+
+    def sample(self, n: int) -> list[dict]:
+        if self.size == 0:
+            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage; generate more")
+        idx = torch.multinomial(self.priorities[:self.size], n, replacement=True, generator=self.generator)
+        return [self.slots[i] for i in idx.tolist()]
+
+    def effective_sample_size(self) -> float:
+        """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
+        return float(1.0 / (self.probabilities() ** 2).sum()) if self.size else 0.0
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "priorities": self.priorities.clone(), "rejected": self.rejected}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.priorities, self.rejected = state["priorities"].clone(), state["rejected"]
+
+
+def make_buffer(cfg: GRPOConfig) -> ReplayBuffer:
+    """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them."""
+    if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
+        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=cfg.seed)
+    return ReplayBuffer(cfg.generation_batch_size, seed=cfg.seed)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
+              completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
+              beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "bnpo",
+              max_completion_length: Optional[int] = None, num_micro_batches: int = 1,
+              num_items_in_batch: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
+
+    Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
+      grpo:    each sequence's token count, then B * num_micro_batches sequences (mean of sequence means)
+      bnpo:    this micro-batch's token count, then num_micro_batches (exact only if micro-batches hold equal tokens)
+      dr_grpo: B * max_completion_length * num_micro_batches (a constant: no length bias)
+      dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step
+    """
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    mask = completion_mask.to(per_token_logps.dtype)
+    ratio = torch.exp(per_token_logps - old_per_token_logps)  # (B, C); exactly 1 on-policy
+    adv = advantages[:, None]  # (B, 1)
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
+    stats = {}
+    if beta > 0:
+        delta = ref_per_token_logps - per_token_logps
+        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
+        per_token_loss = per_token_loss + beta * kl
+        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
+
+    total = (per_token_loss * mask).sum()
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / (mask.size(0) * num_micro_batches)
+    elif loss_type == "bnpo":
+        loss = total / mask.sum().clamp(min=1) / num_micro_batches
+    elif loss_type == "dr_grpo":
+        loss = total / (mask.size(0) * max_completion_length * num_micro_batches)
+    elif loss_type == "dapo":
+        loss = total / max(num_items_in_batch, 1)
+    else:
+        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
+
+    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, stats
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Training loop
+# ----------------------------------------------------------------------------------------------------------------------
+
+class GRPOTrainer:
+    """Generate -> score -> buffer -> train, one optimizer step at a time. `train()` runs the whole job.
+
+    Cadence (the seed's): a generation batch every `gradient_accumulation_steps * num_iterations` micro-steps, or
+    whenever the buffer cannot serve a micro-batch; every micro-batch is drawn from the buffer.
+    """
+
+    def __init__(self, cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
+                 reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
+                 dataset: Optional[list[dict]] = None):
+        validate_config(cfg)
+        self.cfg = cfg
+        self.device, self.autocast = pick_device(cfg.device)
+        set_seed(cfg.seed)
+        if model is None:
+            model, tokenizer = load_model(cfg.model)
+        self.model, self.tokenizer = model.to(self.device), tokenizer
+        self.ref_model = None
+        if cfg.beta > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
+                                                                         cfg.prompt_column)
+        self.prompt_sampler = PromptSampler(len(self.dataset), cfg.seed)
+        names = [n.strip() for n in cfg.reward_funcs.split(",")]
+        self.reward_funcs = reward_funcs or [REWARD_FUNCS[n] for n in names]
+        if reward_weights is None and cfg.reward_weights is not None:
+            reward_weights = [float(w) for w in cfg.reward_weights.split(",")]
+        self.reward_weights = reward_weights or [1.0] * len(self.reward_funcs)
+        if len(self.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(f"--reward_weights gives {len(self.reward_weights)} weights for "
+                              f"{len(self.reward_funcs)} reward functions")
+        self.buffer = make_buffer(cfg)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        # A sample is provably on-policy (old log-probs == current ones) only with the uniform buffer of one
+        # generation batch, trained once, right after it was generated. Then the old-log-prob forward is skipped.
+        self.on_policy = isinstance(self.buffer, ReplayBuffer) and not isinstance(self.buffer, SSRReplayBuffer) \
+            and cfg.num_iterations == 1
+        self.step = 0  # optimizer steps done (skipped steps count too, so max_steps bounds the run)
+        self.micro_step = 0
+        self.generations = 0  # generation batches made so far
+        self.sample_uid = 0
+        self.last_gen_metrics: dict[str, float] = {}
+        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0}
+        self.stop_requested = 0
+
+    def _lr_factor(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        return max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - cfg.warmup_steps))
+
+    # --- generation and scoring ---------------------------------------------------------------------------------
+
+    def _logps(self, model, batch: dict) -> torch.Tensor:
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with self.autocast():
+            return per_token_logps(model, input_ids, attention_mask, batch["completion_ids"].size(1),
+                                   self.cfg.temperature, self.cfg.logits_chunk_size)
+
+    @torch.no_grad()
+    def generate_batch(self) -> list[dict]:
+        """Sample one generation batch, score it, and return it as single samples ready for the buffer."""
+        cfg, tok = self.cfg, self.tokenizer
+        rows = [self.dataset[i] for i in self.prompt_sampler.next_indices(cfg.generation_batch_size
+                                                                          // cfg.num_generations)]
+        self.model.eval()
+        with self.autocast():
+            batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
+                                         cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature)
+        self.model.train()
+        texts = tok.batch_decode(batch["completion_ids"] * batch["completion_mask"] + tok.pad_token_id
+                                 * (1 - batch["completion_mask"]), skip_special_tokens=True)
+        chat = not isinstance(rows[0]["prompt"], str)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+        repeated = [r for r in rows for _ in range(cfg.num_generations)]
+        columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
+        rewards, per_func = score_completions(self.reward_funcs, self.reward_weights,
+                                              [r["prompt"] for r in repeated], completions, columns)
+        advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
+        batch["advantages"] = advantages.to(self.device)
+        batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.model, batch)
+        batch["ref_per_token_logps"] = self._logps(self.ref_model, batch) if self.ref_model is not None else None
+        n = len(rewards)
+        batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
+        batch["generation"] = [self.generations] * n
+        batch["step"] = [self.step] * n
+        self.sample_uid += n
+        self.generations += 1
+
+        lengths = batch["completion_mask"].sum(1).float()
+        ended = (batch["completion_ids"] == tok.eos_token_id).any(1).float()
+        self.counters["reward_nan"] += int(per_func.isnan().sum())
+        self.last_gen_metrics = {
+            "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
+            "frac_reward_zero_std": zero_spread_groups(rewards, cfg.num_generations).float().mean().item(),
+            "completion_length": lengths.mean().item(), "frac_truncated": 1 - ended.mean().item(),
+            "adv_abs_fresh": advantages.abs().mean().item(),
+            **{f"rewards/{getattr(f, '__name__', j)}": per_func[:, j].nanmean().item()
+               for j, f in enumerate(self.reward_funcs)},
+        }
+        return split_tensor_dict(batch)
+
+    def refill(self) -> int:
+        """Generate into the buffer; with SSR retry while it is still empty. Returns how many retries were needed."""
+        self.buffer.add(self.generate_batch())
+        retries = 0
+        while not self.buffer.can_serve(self.cfg.per_device_train_batch_size) and \
+                retries < self.cfg.max_generation_retries:
+            retries += 1
+            self.buffer.add(self.generate_batch())
+        return retries
+
+    # --- one optimizer step --------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float]:
+        """Run one optimizer step (or skip it, when there is nothing to train on). Returns its metrics."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        per_gen = cfg.gradient_accumulation_steps * cfg.num_iterations
+        retries, generated = 0, False
+        if self.micro_step % per_gen == 0 or not self.buffer.can_serve(cfg.per_device_train_batch_size):
+            retries, generated = self.refill(), True
+        metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
+                   "generation_retries": retries}
+        if not self.buffer.can_serve(cfg.per_device_train_batch_size):
+            self.counters["skipped_steps"] += 1
+            print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries "
+                  "(every group had zero reward spread)", file=sys.stderr)
+            self.micro_step += cfg.gradient_accumulation_steps
+            self.step += 1
+            return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
+                    "step_time": time.perf_counter() - start}
+
+        micro_batches = [self.buffer.sample(cfg.per_device_train_batch_size)
+                         for _ in range(cfg.gradient_accumulation_steps)]
+        step_tokens = sum(float(s["completion_mask"].sum()) for mb in micro_batches for s in mb)
+        sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
+        for samples in micro_batches:
+            batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
+            logps = self._logps(self.model, batch)
+            old = batch["old_per_token_logps"] if batch["old_per_token_logps"] is not None else logps.detach()
+            loss, stats = grpo_loss(
+                logps, old, batch["advantages"], batch["completion_mask"], epsilon_low=cfg.epsilon,
+                epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_per_token_logps=batch["ref_per_token_logps"],
+                loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length,
+                num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=step_tokens)
+            loss.backward()
+            sums["loss"] += loss.item()
+            for k, v in stats.items():
+                sums[k] += v.item() / cfg.gradient_accumulation_steps
+            self.micro_step += 1
+
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        finite = math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item()
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            self.counters["nonfinite_steps"] += 1
+            print(f"warning: step {self.step + 1}: non-finite loss or gradient; the update was skipped",
+                  file=sys.stderr)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+
+        trained = [s for mb in micro_batches for s in mb]
+        metrics.update({
+            "loss": sums["loss"], "clip_ratio": sums["clip_ratio"], "grad_norm": float(grad_norm),
+            "learning_rate": self.scheduler.get_last_lr()[0], "skipped": int(not finite),
+            "replay_frac": sum(s["generation"] < self.generations - 1 for s in trained) / len(trained),
+            "sample_age": sum(self.step - 1 - s["step"] for s in trained) / len(trained),
+            "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in trained]).mean()),
+            **self._buffer_metrics(), **self.counters,
+        })
+        if cfg.beta > 0:
+            metrics["kl"] = sums["kl"]
+        metrics["step_time"] = time.perf_counter() - start
+        return metrics
+
+    def _buffer_metrics(self) -> dict[str, float]:
+        return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
+                "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
+
+    # --- the whole run -------------------------------------------------------------------------------------------
+
+    def train(self) -> list[dict]:
+        """Train for max_steps; write metrics.jsonl, checkpoints and the final model. Returns this run's metrics."""
+        from tqdm.auto import tqdm
+
+        cfg, out = self.cfg, Path(self.cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        history = []
+        previous = self._install_signal_handlers()
+        try:
+            with open(out / "metrics.jsonl", "a") as log, tqdm(total=cfg.max_steps, initial=self.step,
+                                                               desc="GRPO", dynamic_ncols=True) as bar:
+                while self.step < cfg.max_steps and not self.stop_requested:
+                    metrics = self.train_step()
+                    log.write(json.dumps(metrics) + "\n")  # one write per line: never torn by our own exit
+                    log.flush()
+                    history.append(metrics)
+                    bar.update(1)
+                    if self.step % cfg.logging_steps == 0:
+                        bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
+                                        buffer=metrics["buffer_size"])
+                    if cfg.save_steps and self.step % cfg.save_steps == 0:
+                        self.save_checkpoint()
+            if self.stop_requested:
+                path = self.save_checkpoint()
+                print(f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
+                      file=sys.stderr)
+            else:
+                self.model.save_pretrained(out)
+                self.tokenizer.save_pretrained(out)
+        finally:
+            self._restore_signal_handlers(previous)
+        return history
+
+    def _install_signal_handlers(self) -> dict:
+        def handler(signum, frame):
+            self.stop_requested += 1
+            if self.stop_requested > 1:
+                print("second signal: exiting now", file=sys.stderr)
+                os._exit(130)
+            print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
+
+        previous = {}
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
+            pass
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict) -> None:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+    # --- checkpoints ---------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Write output_dir/checkpoint-{step} atomically: into a temporary folder, then one rename."""
+        out = Path(self.cfg.output_dir)
+        final, tmp = out / f"checkpoint-{self.step}", out / f".tmp-checkpoint-{self.step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        state = {
+            "step": self.step, "micro_step": self.micro_step, "generations": self.generations,
+            "sample_uid": self.sample_uid, "counters": self.counters, "last_gen_metrics": self.last_gen_metrics,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "buffer": self.buffer.state_dict(), "prompt_sampler": self.prompt_sampler.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
+        }
+        torch.save(state, tmp / "trainer_state.pt")
+        (tmp / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        return final
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore everything save_checkpoint wrote, and cut metrics.jsonl back to the checkpoint's step."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / "trainer_state.pt").is_file():
+            raise ConfigError(f"--resume_from_checkpoint {str(path)!r} is not a checkpoint folder "
+                              "(no trainer_state.pt)")
+        weights = {}
+        for f in sorted(path.glob("*.safetensors")):
+            weights.update(load_file(str(f), device=str(self.device)))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
+            raise ConfigError(f"--resume_from_checkpoint {str(path)!r} does not match --model {self.cfg.model!r}")
+        self.model.tie_weights()
+        state = torch.load(path / "trainer_state.pt", map_location=self.device, weights_only=False)
+        self.step, self.micro_step = state["step"], state["micro_step"]
+        self.generations, self.sample_uid = state["generations"], state["sample_uid"]
+        self.counters, self.last_gen_metrics = state["counters"], state["last_gen_metrics"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.prompt_sampler.load_state_dict(state["prompt_sampler"])
+        if self.ref_model is not None and state["ref_model"] is not None:
+            self.ref_model.load_state_dict(state["ref_model"])
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"].cpu())
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        truncate_metrics(Path(self.cfg.output_dir) / "metrics.jsonl", self.step)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the complete lines of metrics.jsonl up to `last_step`, so a resumed run neither repeats nor loses steps."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            break  # a torn last line from a hard kill
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(l + "\n" for l in keep))
+    tmp.replace(path)
+
+
+def find_last_checkpoint(output_dir: str) -> Optional[Path]:
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# main: parse, validate before any work, train.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
+    from transformers import HfArgumentParser
+
+    class Parser(HfArgumentParser):
+        def error(self, message):  # one short line instead of a page of usage
+            print(f"error: {message} (see --help)", file=sys.stderr)
+            sys.exit(2)
+
+    parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0])
+    (cfg,) = parser.parse_args_into_dataclasses(args=argv)
+    return cfg
+
+
+def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
+    """Validate, prepare the output folder, build the trainer, resume if asked, and train."""
+    validate_config(cfg)
+    out = Path(cfg.output_dir)
+    resume = cfg.resume_from_checkpoint
+    if resume == "last":
+        found = find_last_checkpoint(cfg.output_dir)
+        if found is None:
+            raise ConfigError(f"--resume_from_checkpoint last: no checkpoint-* folder in --output_dir {cfg.output_dir!r}")
+        resume = str(found)
+    if resume is not None and not Path(resume).is_dir():
+        raise ConfigError(f"--resume_from_checkpoint {resume!r}: no such folder")
+    if resume is None and (out / "metrics.jsonl").exists():
+        if not cfg.overwrite_output_dir:
+            raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
+                              "replace it, --resume_from_checkpoint last to continue it, or another --output_dir")
+        shutil.rmtree(out)
+    print(json.dumps(dataclasses.asdict(cfg)), flush=True)
+    trainer = GRPOTrainer(cfg, **trainer_kwargs)
+    if resume is not None:
+        trainer.load_checkpoint(resume)
+    return trainer.train()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    cfg = parse_args(argv)
+    try:
+        run(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
