@@ -51,6 +51,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +249,7 @@ def build_tiny_model(vocab_size: int):
 
 def load_model(name: str):
     """Return (model, tokenizer): the tiny model built in code, or from_pretrained on a Hub id or folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "tiny":
         tokenizer = build_tiny_tokenizer()
@@ -258,15 +259,24 @@ def load_model(name: str):
             tokenizer = AutoTokenizer.from_pretrained(name)
             model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
         except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"--model {name!r} could not be loaded: {first_line}") from None
+            raise ConfigError(f"--model {name!r} could not be loaded: {_root_cause(e)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # Replace the Hub's sampling defaults (Qwen2-Instruct ships top_k=20, top_p=0.8, repetition_penalty=1.05):
-    # transformers fills every option we leave unset from them, and GRPO's loss assumes plain temperature sampling.
+    reset_generation_config(model, tokenizer)
+    return model, tokenizer
+
+
+def reset_generation_config(model, tokenizer) -> None:
+    """Drop the model's own sampling defaults, keeping only its special tokens.
+
+    transformers fills every generation option that generate() is not given from `model.generation_config`
+    (Qwen2-Instruct ships top_k=20, top_p=0.8, repetition_penalty=1.05; others set min_p or no_repeat_ngram_size).
+    GRPO's loss assumes plain temperature sampling, so none of them may apply.
+    """
+    from transformers import GenerationConfig
+
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id)
-    return model, tokenizer
 
 
 BUILTIN_SUBREDDITS = ["relationships", "personalfinance", "AskDocs", "cooking", "legaladvice", "running"]
@@ -296,6 +306,31 @@ def builtin_prompts() -> list[dict]:
     return rows
 
 
+def _root_cause(e: BaseException) -> str:
+    """The first line of the innermost exception: the one that says what is actually wrong."""
+    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+        e = e.__cause__ or e.__context__
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+class _quiet_datasets:
+    def __enter__(self):
+        import datasets
+
+        self.level = datasets.logging.get_verbosity()
+        self.bars = datasets.is_progress_bar_enabled()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
+        datasets.disable_progress_bars()
+
+    def __exit__(self, *exc):
+        import datasets
+
+        datasets.logging.set_verbosity(self.level)
+        if self.bars:
+            datasets.enable_progress_bars()
+
+
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -314,14 +349,14 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
             if path.is_file():
                 if path.suffix not in LOCAL_FORMATS:
                     raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
-                ds = load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split=split)
+                with _quiet_datasets():  # its progress bars and error logs would bury our one-line message
+                    ds = load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split=split)
             else:
                 ds = load_dataset(name, split=split)
         except ConfigError:
             raise
         except Exception as e:
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"--dataset {name!r} could not be read: {first_line}") from None
+            raise ConfigError(f"--dataset {name!r} could not be read: {_root_cause(e)}") from None
         if prompt_column not in ds.column_names:
             raise ConfigError(f"--prompt_column {prompt_column!r} is not a column of --dataset {name!r}; "
                               f"columns: {', '.join(ds.column_names)}")
@@ -425,7 +460,8 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
                          max_completion_length: int, temperature: float = 1.0) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
 
-    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous).
+    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). Options not set here come from
+    `model.generation_config`: call reset_generation_config first (load_model and GRPOTrainer do).
     """
     from transformers import GenerationConfig
 
@@ -777,14 +813,16 @@ class GRPOTrainer:
         self.cfg = cfg
         self.device, self.autocast = pick_device(cfg.device)
         set_seed(cfg.seed)
+        # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
+        self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
+                                                                         cfg.prompt_column)
         if model is None:
             model, tokenizer = load_model(cfg.model)
+        reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         self.model, self.tokenizer = model.to(self.device), tokenizer
         self.ref_model = None
         if cfg.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
-                                                                         cfg.prompt_column)
         self.prompt_sampler = PromptSampler(len(self.dataset), cfg.seed)
         names = [n.strip() for n in cfg.reward_funcs.split(",")]
         self.reward_funcs = reward_funcs or [REWARD_FUNCS[n] for n in names]
@@ -869,13 +907,19 @@ class GRPOTrainer:
         return split_tensor_dict(batch)
 
     def refill(self) -> int:
-        """Generate into the buffer; with SSR retry while it is still empty. Returns how many retries were needed."""
+        """Generate into the buffer; with SSR retry while it is still empty. Returns how many retries were needed.
+
+        The generation metrics of the step average over every batch it generated, retries included, so that a
+        step which had to retry does not report only the lucky batch.
+        """
         self.buffer.add(self.generate_batch())
-        retries = 0
+        batches, retries = [self.last_gen_metrics], 0
         while not self.buffer.can_serve(self.cfg.per_device_train_batch_size) and \
                 retries < self.cfg.max_generation_retries:
             retries += 1
             self.buffer.add(self.generate_batch())
+            batches.append(self.last_gen_metrics)
+        self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
         return retries
 
     # --- one optimizer step --------------------------------------------------------------------------------------
@@ -895,7 +939,7 @@ class GRPOTrainer:
             print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries "
                   "(every group had zero reward spread)", file=sys.stderr)
             self.micro_step += cfg.gradient_accumulation_steps
-            self.step += 1
+            self._advance_schedule(stepped=False)
             return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
                     "step_time": time.perf_counter() - start}
 
@@ -922,13 +966,12 @@ class GRPOTrainer:
         finite = math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item()
         if finite:
             self.optimizer.step()
-            self.scheduler.step()
         else:
             self.counters["nonfinite_steps"] += 1
             print(f"warning: step {self.step + 1}: non-finite loss or gradient; the update was skipped",
                   file=sys.stderr)
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        self._advance_schedule(stepped=finite)
 
         trained = [s for mb in micro_batches for s in mb]
         metrics.update({
@@ -943,6 +986,14 @@ class GRPOTrainer:
             metrics["kl"] = sums["kl"]
         metrics["step_time"] = time.perf_counter() - start
         return metrics
+
+    def _advance_schedule(self, stepped: bool) -> None:
+        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
+        self.step += 1
+        with warnings.catch_warnings():
+            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            self.scheduler.step()
 
     def _buffer_metrics(self) -> dict[str, float]:
         return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
@@ -961,7 +1012,8 @@ class GRPOTrainer:
         previous = self._install_signal_handlers()
         try:
             with open(out / "metrics.jsonl", "a") as log, tqdm(total=cfg.max_steps, initial=self.step,
-                                                               desc="GRPO", dynamic_ncols=True) as bar:
+                                                               desc="GRPO", dynamic_ncols=True,
+                                                               mininterval=0.5) as bar:
                 while self.step < cfg.max_steps and not self.stop_requested:
                     metrics = self.train_step()
                     log.write(json.dumps(metrics) + "\n")  # one write per line: never torn by our own exit
@@ -1120,8 +1172,8 @@ def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
             raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
                               "replace it, --resume_from_checkpoint last to continue it, or another --output_dir")
         shutil.rmtree(out)
-    print(json.dumps(dataclasses.asdict(cfg)), flush=True)
     trainer = GRPOTrainer(cfg, **trainer_kwargs)
+    print(json.dumps(dataclasses.asdict(cfg)), flush=True)
     if resume is not None:
         trainer.load_checkpoint(resume)
     return trainer.train()
