@@ -17,8 +17,9 @@ The file reads top to bottom in the order the algorithm runs:
     -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
 
 What this file deliberately leaves out (and why):
-- vLLM / fast inference servers, DeepSpeed, FSDP, PEFT/LoRA, multi-GPU: they are speed and scale, not the algorithm.
-  Generation uses `model.generate` with plain temperature sampling.
+- vLLM / fast inference servers, DeepSpeed, FSDP (model sharding), PEFT/LoRA: they are speed and scale, not the
+  algorithm. Generation uses `model.generate` with plain temperature sampling. Several GPUs work through torchrun and
+  plain DistributedDataParallel (each process holds the whole model); see the `Dist` helpers.
 - Entropy masking, truncated-completion masking, importance-sampling corrections for inference engines, and the
   many `loss_type`s TRL has added since: only `grpo`, `bnpo`, `dr_grpo` and `dapo` are here.
 - Reward models: rewards are Python functions with TRL's signature.
@@ -196,6 +197,9 @@ def pick_device(name: str = "auto") -> tuple[torch.device, Any]:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return device, lambda: torch.autocast("cuda", dtype=torch.bfloat16)
     return device, nullcontext
@@ -205,6 +209,74 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Distributed (torchrun): every multi-process line of the file goes through these helpers. With one process they are
+# no-ops, so the single-process path reads exactly as it would without them.
+# ----------------------------------------------------------------------------------------------------------------------
+
+class Dist:
+    """This process's place in a torchrun job: rank 0 of 1 without torchrun. NCCL on CUDA, gloo on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank, self.device = 0, device
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            self.rank = dist.get_rank()
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or max) each value across ranks."""
+        if self.world_size == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def gather(self, obj) -> list:
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+# Metrics that add up across ranks; every other one is averaged over the ranks.
+SUMMED_METRICS = ("completions", "buffer_size", "zero_adv_rejected", "reward_nan")
+
+
+def reduce_metrics(dist: Dist, metrics: dict) -> dict:
+    """One metrics line for the whole job: the ranks' values summed or averaged (a no-op with one process)."""
+    if dist.world_size == 1:
+        return metrics
+    per_rank = dist.gather(metrics)
+    out = dict(metrics)
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and key != "step":
+            values = [m.get(key, math.nan) for m in per_rank]
+            if key in SUMMED_METRICS:
+                out[key] = float(np.sum(values))
+            elif any(v != value for v in values):  # equal values (flags, counts every rank shares) stay as they are
+                out[key] = float(np.mean(values))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -543,6 +615,19 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return chunked_head_logps(hidden, head, targets, temperature, chunk_size)
 
 
+class LogProbs(torch.nn.Module):
+    """per_token_logps as a module, so that DistributedDataParallel can wrap it: DDP syncs gradients of the
+    computation that runs through its forward, and ours goes past the model's own forward (to the backbone)."""
+
+    def __init__(self, model, temperature: float = 1.0, chunk_size: int = 1024):
+        super().__init__()
+        self.model, self.temperature, self.chunk_size = model, temperature, chunk_size
+
+    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
+        return per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature,
+                               self.chunk_size)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Advantages: each completion's reward relative to its own group.
 # ----------------------------------------------------------------------------------------------------------------------
@@ -741,11 +826,12 @@ class SSRReplayBuffer(ReplayBuffer):
         self.priorities, self.rejected = state["priorities"].clone(), state["rejected"]
 
 
-def make_buffer(cfg: GRPOConfig) -> ReplayBuffer:
-    """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them."""
+def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
+    """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
+    seed = cfg.seed if seed is None else seed
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
-        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=cfg.seed)
-    return ReplayBuffer(cfg.generation_batch_size, seed=cfg.seed)
+        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed)
+    return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -756,12 +842,14 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
               completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
               beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "bnpo",
               max_completion_length: Optional[int] = None, num_micro_batches: int = 1,
-              num_items_in_batch: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              num_items_in_batch: Optional[float] = None,
+              micro_batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
 
     Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
       grpo:    each sequence's token count, then B * num_micro_batches sequences (mean of sequence means)
-      bnpo:    this micro-batch's token count, then num_micro_batches (exact only if micro-batches hold equal tokens)
+      bnpo:    this micro-batch's token count (or micro_batch_tokens, all ranks' together), then num_micro_batches
+               (exact only if micro-batches hold equal numbers of tokens)
       dr_grpo: B * max_completion_length * num_micro_batches (a constant: no length bias)
       dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step
     """
@@ -782,7 +870,8 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
     if loss_type == "grpo":
         loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / (mask.size(0) * num_micro_batches)
     elif loss_type == "bnpo":
-        loss = total / mask.sum().clamp(min=1) / num_micro_batches
+        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
+        loss = total / tokens / num_micro_batches
     elif loss_type == "dr_grpo":
         loss = total / (mask.size(0) * max_completion_length * num_micro_batches)
     elif loss_type == "dapo":
@@ -812,7 +901,8 @@ class GRPOTrainer:
         validate_config(cfg)
         self.cfg = cfg
         self.device, self.autocast = pick_device(cfg.device)
-        set_seed(cfg.seed)
+        self.dist = Dist(self.device)
+        set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
         self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
                                                                          cfg.prompt_column)
@@ -823,6 +913,14 @@ class GRPOTrainer:
         self.ref_model = None
         if cfg.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.logprobs = LogProbs(self.model, cfg.temperature, cfg.logits_chunk_size)
+        self.policy = self.logprobs  # what the training forward runs through; DDP-wrapped under torchrun
+        if self.dist.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.policy = DistributedDataParallel(self.logprobs, device_ids=[self.device.index]
+                                                  if self.device.type == "cuda" else None)
+            torch.manual_seed(cfg.seed + self.dist.rank)  # sampling differs per rank
         self.prompt_sampler = PromptSampler(len(self.dataset), cfg.seed)
         names = [n.strip() for n in cfg.reward_funcs.split(",")]
         self.reward_funcs = reward_funcs or [REWARD_FUNCS[n] for n in names]
@@ -832,7 +930,7 @@ class GRPOTrainer:
         if len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"--reward_weights gives {len(self.reward_weights)} weights for "
                               f"{len(self.reward_funcs)} reward functions")
-        self.buffer = make_buffer(cfg)
+        self.buffer = make_buffer(cfg, seed=cfg.seed + self.dist.rank)  # each rank keeps its own buffer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
@@ -856,19 +954,20 @@ class GRPOTrainer:
 
     # --- generation and scoring ---------------------------------------------------------------------------------
 
-    def _logps(self, model, batch: dict) -> torch.Tensor:
+    def _logps(self, logprobs: torch.nn.Module, batch: dict) -> torch.Tensor:
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with self.autocast():
-            return per_token_logps(model, input_ids, attention_mask, batch["completion_ids"].size(1),
-                                   self.cfg.temperature, self.cfg.logits_chunk_size)
+            return logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
 
     @torch.no_grad()
     def generate_batch(self) -> list[dict]:
         """Sample one generation batch, score it, and return it as single samples ready for the buffer."""
         cfg, tok = self.cfg, self.tokenizer
-        rows = [self.dataset[i] for i in self.prompt_sampler.next_indices(cfg.generation_batch_size
-                                                                          // cfg.num_generations)]
+        n, rank = cfg.generation_batch_size // cfg.num_generations, self.dist.rank
+        # every rank walks the same order and takes its own whole groups: advantages stay local and exact
+        rows = [self.dataset[i] for i in self.prompt_sampler.next_indices(n * self.dist.world_size)[rank * n:
+                                                                                                 (rank + 1) * n]]
         self.model.eval()
         with self.autocast():
             batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
@@ -884,8 +983,9 @@ class GRPOTrainer:
                                               [r["prompt"] for r in repeated], completions, columns)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
-        batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.model, batch)
-        batch["ref_per_token_logps"] = self._logps(self.ref_model, batch) if self.ref_model is not None else None
+        batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
+        batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(
+            LogProbs(self.ref_model, cfg.temperature, cfg.logits_chunk_size), batch)
         n = len(rewards)
         batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
         batch["generation"] = [self.generations] * n
@@ -900,6 +1000,7 @@ class GRPOTrainer:
             "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
             "frac_reward_zero_std": zero_spread_groups(rewards, cfg.num_generations).float().mean().item(),
             "completion_length": lengths.mean().item(), "frac_truncated": 1 - ended.mean().item(),
+            "completions": float(len(rewards)),
             "adv_abs_fresh": advantages.abs().mean().item(),
             **{f"rewards/{getattr(f, '__name__', j)}": per_func[:, j].nanmean().item()
                for j, f in enumerate(self.reward_funcs)},
@@ -934,7 +1035,8 @@ class GRPOTrainer:
             retries, generated = self.refill(), True
         metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
                    "generation_retries": retries}
-        if not self.buffer.can_serve(cfg.per_device_train_batch_size):
+        cannot_serve = not self.buffer.can_serve(cfg.per_device_train_batch_size)
+        if self.dist.reduce([float(cannot_serve)], op="max")[0]:  # under torchrun all ranks skip together
             self.counters["skipped_steps"] += 1
             print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries "
                   "(every group had zero reward spread)", file=sys.stderr)
@@ -945,25 +1047,32 @@ class GRPOTrainer:
 
         micro_batches = [self.buffer.sample(cfg.per_device_train_batch_size)
                          for _ in range(cfg.gradient_accumulation_steps)]
-        step_tokens = sum(float(s["completion_mask"].sum()) for mb in micro_batches for s in mb)
+        # Token counts of each micro-batch, all ranks together: the token-level loss types divide by them, and
+        # since DDP averages gradients over ranks, their loss is scaled back up by the world size.
+        tokens = self.dist.reduce([float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches])
+        scale = self.dist.world_size if cfg.loss_type in ("bnpo", "dapo") else 1
         sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
-        for samples in micro_batches:
+        for i, samples in enumerate(micro_batches):
             batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
-            logps = self._logps(self.model, batch)
-            old = batch["old_per_token_logps"] if batch["old_per_token_logps"] is not None else logps.detach()
-            loss, stats = grpo_loss(
-                logps, old, batch["advantages"], batch["completion_mask"], epsilon_low=cfg.epsilon,
-                epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_per_token_logps=batch["ref_per_token_logps"],
-                loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length,
-                num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=step_tokens)
-            loss.backward()
-            sums["loss"] += loss.item()
+            last = i == len(micro_batches) - 1
+            with nullcontext() if last or self.dist.world_size == 1 else self.policy.no_sync():  # sync once
+                logps = self._logps(self.policy, batch)
+                old = batch["old_per_token_logps"] if batch["old_per_token_logps"] is not None else logps.detach()
+                loss, stats = grpo_loss(
+                    logps, old, batch["advantages"], batch["completion_mask"], epsilon_low=cfg.epsilon,
+                    epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_per_token_logps=batch["ref_per_token_logps"],
+                    loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length,
+                    num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=sum(tokens),
+                    micro_batch_tokens=tokens[i])
+                (loss * scale).backward()
+            sums["loss"] += loss.item() * scale  # averaged over ranks in the metrics: the whole job's loss
             for k, v in stats.items():
                 sums[k] += v.item() / cfg.gradient_accumulation_steps
             self.micro_step += 1
 
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        finite = math.isfinite(sums["loss"]) and torch.isfinite(grad_norm).item()
+        finite = not self.dist.reduce([float(not math.isfinite(sums["loss"]))], op="max")[0] \
+            and torch.isfinite(grad_norm).item()  # gradients are already synced, so every rank agrees
         if finite:
             self.optimizer.step()
         else:
@@ -1002,23 +1111,28 @@ class GRPOTrainer:
     # --- the whole run -------------------------------------------------------------------------------------------
 
     def train(self) -> list[dict]:
-        """Train for max_steps; write metrics.jsonl, checkpoints and the final model. Returns this run's metrics."""
+        """Train for max_steps; write metrics.jsonl, checkpoints and the final model. Returns this run's metrics.
+
+        Under torchrun, rank 0 alone writes files (each rank adds its own state to checkpoints).
+        """
         from tqdm.auto import tqdm
 
-        cfg, out = self.cfg, Path(self.cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         history = []
         previous = self._install_signal_handlers()
         try:
-            with open(out / "metrics.jsonl", "a") as log, tqdm(total=cfg.max_steps, initial=self.step,
-                                                               desc="GRPO", dynamic_ncols=True,
-                                                               mininterval=0.5) as bar:
-                while self.step < cfg.max_steps and not self.stop_requested:
-                    metrics = self.train_step()
-                    log.write(json.dumps(metrics) + "\n")  # one write per line: never torn by our own exit
-                    log.flush()
+            with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
+                    tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
+                         disable=not main) as bar:
+                while self.step < cfg.max_steps and not self._stop_requested():
+                    metrics = reduce_metrics(self.dist, self.train_step())
                     history.append(metrics)
+                    if main:
+                        log.write(json.dumps(metrics) + "\n")  # one write per line: never torn by our own exit
+                        log.flush()
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
                         bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
@@ -1027,14 +1141,21 @@ class GRPOTrainer:
                         self.save_checkpoint()
             if self.stop_requested:
                 path = self.save_checkpoint()
-                print(f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
-                      file=sys.stderr)
-            else:
+                if main:
+                    print(f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
+                          file=sys.stderr)
+            elif main:
                 self.model.save_pretrained(out)
                 self.tokenizer.save_pretrained(out)
         finally:
             self._restore_signal_handlers(previous)
+        self.dist.barrier()
         return history
+
+    def _stop_requested(self) -> bool:
+        """A signal seen by any rank stops every rank after the same step."""
+        self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
+        return bool(self.stop_requested)
 
     def _install_signal_handlers(self) -> dict:
         def handler(signum, frame):
@@ -1060,27 +1181,37 @@ class GRPOTrainer:
     # --- checkpoints ---------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """Write output_dir/checkpoint-{step} atomically: into a temporary folder, then one rename."""
+        """Write output_dir/checkpoint-{step} atomically: into a temporary folder, then one rename.
+
+        trainer_state.pt holds what all ranks share (optimizer, schedule, counters); rank-{r}.pt what is each
+        rank's own (its replay buffer, RNG states, place in the data).
+        """
         out = Path(self.cfg.output_dir)
         final, tmp = out / f"checkpoint-{self.step}", out / f".tmp-checkpoint-{self.step}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        state = {
-            "step": self.step, "micro_step": self.micro_step, "generations": self.generations,
-            "sample_uid": self.sample_uid, "counters": self.counters, "last_gen_metrics": self.last_gen_metrics,
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "buffer": self.buffer.state_dict(), "prompt_sampler": self.prompt_sampler.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-            "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
-        }
-        torch.save(state, tmp / "trainer_state.pt")
-        (tmp / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        if self.dist.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            shared = {"step": self.step, "micro_step": self.micro_step, "world_size": self.dist.world_size,
+                      "counters": self.counters, "optimizer": self.optimizer.state_dict(),
+                      "scheduler": self.scheduler.state_dict(),
+                      "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None}
+            torch.save(shared, tmp / "trainer_state.pt")
+            (tmp / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
+        self.dist.barrier()
+        own = {"generations": self.generations, "sample_uid": self.sample_uid,
+               "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(),
+               "prompt_sampler": self.prompt_sampler.state_dict(),
+               "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                       "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
+        self.dist.barrier()
+        if self.dist.main:
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        self.dist.barrier()
         return final
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -1091,6 +1222,10 @@ class GRPOTrainer:
         if not (path / "trainer_state.pt").is_file():
             raise ConfigError(f"--resume_from_checkpoint {str(path)!r} is not a checkpoint folder "
                               "(no trainer_state.pt)")
+        shared = torch.load(path / "trainer_state.pt", map_location=self.device, weights_only=False)
+        if shared["world_size"] != self.dist.world_size:
+            raise ConfigError(f"--resume_from_checkpoint {str(path)!r} was written by {shared['world_size']} "
+                              f"process(es); resume it with the same number, not {self.dist.world_size}")
         weights = {}
         for f in sorted(path.glob("*.safetensors")):
             weights.update(load_file(str(f), device=str(self.device)))
@@ -1098,23 +1233,25 @@ class GRPOTrainer:
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
             raise ConfigError(f"--resume_from_checkpoint {str(path)!r} does not match --model {self.cfg.model!r}")
         self.model.tie_weights()
-        state = torch.load(path / "trainer_state.pt", map_location=self.device, weights_only=False)
-        self.step, self.micro_step = state["step"], state["micro_step"]
-        self.generations, self.sample_uid = state["generations"], state["sample_uid"]
-        self.counters, self.last_gen_metrics = state["counters"], state["last_gen_metrics"]
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.buffer.load_state_dict(state["buffer"])
-        self.prompt_sampler.load_state_dict(state["prompt_sampler"])
-        if self.ref_model is not None and state["ref_model"] is not None:
-            self.ref_model.load_state_dict(state["ref_model"])
-        rng = state["rng"]
+        self.step, self.micro_step, self.counters = shared["step"], shared["micro_step"], shared["counters"]
+        self.optimizer.load_state_dict(shared["optimizer"])
+        self.scheduler.load_state_dict(shared["scheduler"])
+        if self.ref_model is not None and shared["ref_model"] is not None:
+            self.ref_model.load_state_dict(shared["ref_model"])
+        own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location=self.device, weights_only=False)
+        self.generations, self.sample_uid = own["generations"], own["sample_uid"]
+        self.last_gen_metrics = own["last_gen_metrics"]
+        self.buffer.load_state_dict(own["buffer"])
+        self.prompt_sampler.load_state_dict(own["prompt_sampler"])
+        rng = own["rng"]
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"].cpu())
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
-        truncate_metrics(Path(self.cfg.output_dir) / "metrics.jsonl", self.step)
+        if self.dist.main:
+            truncate_metrics(Path(self.cfg.output_dir) / "metrics.jsonl", self.step)
+        self.dist.barrier()
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -1171,9 +1308,11 @@ def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
         if not cfg.overwrite_output_dir:
             raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
                               "replace it, --resume_from_checkpoint last to continue it, or another --output_dir")
-        shutil.rmtree(out)
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one rank clears the folder
+            shutil.rmtree(out, ignore_errors=True)
     trainer = GRPOTrainer(cfg, **trainer_kwargs)
-    print(json.dumps(dataclasses.asdict(cfg)), flush=True)
+    if trainer.dist.main:
+        print(json.dumps(dataclasses.asdict(cfg)), flush=True)
     if resume is not None:
         trainer.load_checkpoint(resume)
     return trainer.train()
@@ -1186,6 +1325,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
     return 0
 
 

@@ -173,7 +173,8 @@ def test_resume_reproduces_the_uninterrupted_run(cfg_factory, buffer):
     full = _rows(out)
     ckpt = out / f"checkpoint-{n}"
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    assert state["buffer"]["size"] > 0 and state["step"] == n  # the buffer's contents are in the checkpoint
+    own = torch.load(ckpt / "rank-0.pt", weights_only=False)
+    assert own["buffer"]["size"] > 0 and state["step"] == n  # the buffer's contents are in the checkpoint
     resumed = g.run(g.dataclasses.replace(cfg, resume_from_checkpoint=str(ckpt)))
     assert [r["step"] for r in resumed] == list(range(n + 1, 2 * n + 1))
     for a, b in zip(full[n:], resumed):
@@ -198,9 +199,12 @@ def test_checkpoint_is_atomic_and_complete(cfg_factory):
     assert not list(out.glob(".tmp-*"))
     files = {p.name for p in (out / "checkpoint-2").iterdir()}
     assert {"trainer_state.pt", "config.json", "model.safetensors", "tokenizer.json", "grpo_config.json"} <= files
+    assert {"trainer_state.pt", "rank-0.pt"} <= files
     state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
-    assert {"optimizer", "scheduler", "buffer", "rng", "prompt_sampler"} <= set(state)
-    assert {"python", "numpy", "torch", "cuda"} <= set(state["rng"]) and "generator" in state["buffer"]
+    own = torch.load(out / "checkpoint-2" / "rank-0.pt", weights_only=False)
+    assert {"optimizer", "scheduler", "step", "world_size"} <= set(state)
+    assert {"buffer", "rng", "prompt_sampler"} <= set(own)
+    assert {"python", "numpy", "torch", "cuda"} <= set(own["rng"]) and "generator" in own["buffer"]
 
 
 @pytest.mark.slow

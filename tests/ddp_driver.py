@@ -1,0 +1,71 @@
+"""Run under torchrun (or alone) by tests/test_distributed.py: train a few steps, then dump what the test compares.
+
+    python tests/ddp_driver.py OUT_DIR MODE [LOSS_TYPE]
+
+MODE "train": a few real steps; each rank saves its final parameters to OUT_DIR/params-{rank}.pt.
+MODE "fixed": one step on fixed completions (the same 16 samples for any world size, split between the ranks);
+rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed.pt.
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo_ssr as g  # noqa: E402
+
+TOTAL = 16  # completions in the union batch
+
+
+def fixed_samples(pad_id: int) -> list[dict]:
+    """16 samples with varied prompt and completion lengths, advantages and masks; the same on every rank."""
+    gen = torch.Generator().manual_seed(123)
+    out = []
+    for i in range(TOTAL):
+        p_len, c_len = 3 + i % 4, 2 + (i * 5) % 7
+        prompt = torch.randint(0, 256, (8,), generator=gen)
+        prompt_mask = (torch.arange(8) >= 8 - p_len).long()
+        completion = torch.randint(0, 256, (9,), generator=gen)
+        completion_mask = (torch.arange(9) < c_len).long()
+        out.append({"prompt_ids": torch.where(prompt_mask.bool(), prompt, pad_id), "prompt_mask": prompt_mask,
+                    "completion_ids": torch.where(completion_mask.bool(), completion, pad_id),
+                    "completion_mask": completion_mask, "old_per_token_logps": None, "ref_per_token_logps": None,
+                    "advantages": torch.randn((), generator=gen), "uid": i, "generation": 0, "step": 0})
+    return out
+
+
+def main(out_dir: str, mode: str, loss_type: str = "bnpo") -> None:
+    out = Path(out_dir)
+    if mode == "train":
+        cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=3, device="cpu", per_device_train_batch_size=8,
+                           num_generations=4, max_completion_length=8, overwrite_output_dir=True)
+        trainer = g.GRPOTrainer(cfg)
+        trainer.train()
+        torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
+        return
+    world = int(g.os.environ.get("WORLD_SIZE", "1"))
+    cfg = g.GRPOConfig(output_dir=str(out / "fixed"), max_steps=1, device="cpu", loss_type=loss_type,
+                       per_device_train_batch_size=TOTAL // world, num_generations=4, max_completion_length=9,
+                       replay_buffer_class="ReplayBuffer", max_grad_norm=1e9, learning_rate=1e-2)
+    trainer = g.GRPOTrainer(cfg)
+    rank = trainer.dist.rank
+    share = fixed_samples(trainer.tokenizer.pad_token_id)[rank * TOTAL // world:(rank + 1) * TOTAL // world]
+    trainer.generate_batch = lambda: share
+    grads = {}
+    real_step = trainer.optimizer.step
+
+    def step(*a, **k):
+        grads["g"] = [p.grad.detach().clone() for p in trainer.model.parameters()]
+        return real_step(*a, **k)
+
+    trainer.optimizer.step = step
+    trainer.train_step()
+    if rank == 0:
+        torch.save({"grads": grads["g"], "params": [p.detach() for p in trainer.model.parameters()]},
+                   out / f"fixed-{loss_type}-{world}.pt")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
+    if g.os.environ.get("WORLD_SIZE", "1") != "1":
+        torch.distributed.destroy_process_group()
