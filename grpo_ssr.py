@@ -1126,7 +1126,7 @@ class GRPOTrainer:
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
-                         disable=not main) as bar:
+                         **({} if main else {"disable": True})) as bar:  # rank 0 honours TQDM_DISABLE
                 while self.step < cfg.max_steps and not self._stop_requested():
                     metrics = reduce_metrics(self.dist, self.train_step())
                     history.append(metrics)
