@@ -910,9 +910,10 @@ class GRPOTrainer:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         self.model, self.tokenizer = model.to(self.device), tokenizer
-        self.ref_model = None
+        self.ref_model = self.ref_logprobs = None
         if cfg.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref_logprobs = LogProbs(self.ref_model, cfg.temperature, cfg.logits_chunk_size)
         self.logprobs = LogProbs(self.model, cfg.temperature, cfg.logits_chunk_size)
         self.policy = self.logprobs  # what the training forward runs through; DDP-wrapped under torchrun
         if self.dist.world_size > 1:
@@ -984,8 +985,7 @@ class GRPOTrainer:
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
         batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
-        batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(
-            LogProbs(self.ref_model, cfg.temperature, cfg.logits_chunk_size), batch)
+        batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
         n = len(rewards)
         batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
         batch["generation"] = [self.generations] * n
