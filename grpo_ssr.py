@@ -18,8 +18,8 @@ The file reads top to bottom in the order the algorithm runs:
 
 What this file deliberately leaves out (and why):
 - vLLM / fast inference servers, DeepSpeed, FSDP (model sharding), PEFT/LoRA: they are speed and scale, not the
-  algorithm. Generation uses `model.generate` with plain temperature sampling. Several GPUs work through torchrun and
-  plain DistributedDataParallel (each process holds the whole model); see the `Dist` helpers.
+  algorithm. Generation is a plain decode loop over the model's KV cache with temperature sampling. Several GPUs work
+  through torchrun and plain DistributedDataParallel (each process holds the whole model); see the `Dist` helpers.
 - Entropy masking, truncated-completion masking, importance-sampling corrections for inference engines, and the
   many `loss_type`s TRL has added since: only `grpo`, `bnpo`, `dr_grpo` and `dapo` are here.
 - Reward models: rewards are Python functions with TRL's signature.
@@ -32,8 +32,9 @@ Where it departs from the TRL pull request it grew from (and why):
   buffers store single samples. Feeding it batches of rows is what kept TRL's experimental buffer to one group.
 - The uniform `ReplayBuffer` holds exactly one generation batch, so it reproduces plain GRPO: every sample is trained
   on exactly `num_iterations` times.
-- Sampling is temperature-only. The model's own generation defaults (Qwen2's top-k 20, top-p 0.8, repetition
-  penalty) are replaced, because the loss assumes the completions came from the distribution it computes.
+- Sampling is temperature-only, by our own decode loop rather than `model.generate`, which would apply the model's
+  own defaults (Qwen2-Instruct's top-k 20, top-p 0.8, repetition penalty) and transformers' hidden top-k 50. The loss
+  assumes the completions came from the distribution it computes. The saved model's defaults are reset too.
 
 Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
 keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -527,29 +529,80 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) ->
     return (positions[None, :] <= first_eos[:, None]).long()
 
 
+def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Draw one token per row from softmax(logits / temperature), and from nothing else. (B, V) -> (B,).
+
+    Inverse-CDF sampling: lay the tokens' weights exp((l - max) / T) end to end, throw a uniform point on [0, total)
+    and take the token it lands on. No top-k, top-p, min-p or penalty can slip in, unlike `model.generate`, which
+    fills every option it is not given from the model's and transformers' defaults. The running sum is in float64 so
+    that rounding does not shift mass between the many tiny-probability tokens of a large vocabulary. Unlike
+    `torch.multinomial` (about 40 ms a row-batch of 16 at 152k tokens on CPU), this costs two passes over the logits.
+    """
+    scaled = (logits.double() - logits.amax(dim=-1, keepdim=True).double()) / temperature
+    cdf = scaled.exp().cumsum(dim=-1)  # (B, V): token i owns [cdf[i-1], cdf[i])
+    u = torch.rand(cdf.size(0), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    # right=True: zero-weight tokens own an empty interval and are never drawn; the clamp only catches u rounding
+    # up to the total itself (probability ~1e-16)
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
+
+
+def _cache_kwarg(model) -> str:
+    """The name forward() takes the KV cache under: `cache` since transformers 5.2x, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
                          max_completion_length: int, temperature: float = 1.0) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
 
-    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). Options not set here come from
-    `model.generation_config`: call reset_generation_config first (load_model and GRPOTrainer do).
+    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). This is a plain decode loop with a
+    KV cache, not `model.generate`, so the sampling rule is exactly `sample_next_token` and nothing the model's
+    generation config says can change it. Each prompt is run through the model once, not G times: its cache is
+    then repeated for the G completions of its group. A row that samples EOS is padded from then on, and the loop
+    stops as soon as every row has ended.
     """
-    from transformers import GenerationConfig
-
     device = next(model.parameters()).device
     enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
     prompt_ids = enc.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
     prompt_mask = enc.attention_mask[:, -max_prompt_length:].to(device)
-    prompt_ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (B, Tp), B = P * G
-    prompt_mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-    sampling = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, min_p=None,
-                                max_new_tokens=max_completion_length, eos_token_id=tokenizer.eos_token_id,
-                                pad_token_id=tokenizer.pad_token_id)
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=sampling)  # (B, Tp+Tc)
-    completion_ids = out[:, prompt_ids.size(1):]  # (B, Tc); Tc < max when every row hit EOS early
+    G, eos, pad = num_generations, tokenizer.eos_token_id, tokenizer.pad_token_id
+    cache_kw = _cache_kwarg(model)
+
+    # Prefill: the prompts once each. Positions count real tokens only, so left padding does not shift them.
+    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # (P, Tp)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
+    cache = out[cache_kw]
+    if callable(getattr(cache, "batch_repeat_interleave", None)):
+        cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
+        logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V), B = P * G
+    else:  # a cache type that cannot be repeated: prefill every row instead
+        out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=prompt_mask.repeat_interleave(G, 0),
+                    position_ids=positions.repeat_interleave(G, 0), use_cache=True, logits_to_keep=1)
+        cache, logits = out[cache_kw], out.logits[:, -1]
+    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
+
+    # Decode: one token for every row per forward pass. The mask is allocated once and read through growing views.
+    B, Tp = prompt_ids.shape
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, max_completion_length)], dim=1)  # (B, Tp + C)
+    next_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1)
+    completion_ids = prompt_ids.new_full((B, max_completion_length), pad)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)
+    length = 0
+    while length < max_completion_length:
+        token = torch.where(ended, pad, sample_next_token(logits, temperature))  # (B,)
+        completion_ids[:, length] = token
+        ended |= token == eos
+        length += 1
+        if length == max_completion_length or bool(ended.all()):
+            break
+        logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + length], position_ids=next_position,
+                       use_cache=True, **{cache_kw: cache}).logits[:, -1]
+        next_position = next_position + 1
+    completion_ids = completion_ids[:, :length]  # (B, Tc); Tc < max when every row hit EOS early
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)}
+            "completion_mask": completion_mask_from_eos(completion_ids, eos)}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -600,7 +653,7 @@ def _lean_head(model) -> Optional[torch.nn.Linear]:
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
     """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C)."""
-    # Positions count real tokens only, as in generate(), so left padding does not shift them.
+    # Positions count real tokens only, as in generate_completions, so left padding does not shift them.
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     targets = input_ids[:, -logits_to_keep:]  # (B, C)
     head = _lean_head(model)

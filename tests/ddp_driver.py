@@ -68,4 +68,7 @@ def main(out_dir: str, mode: str, loss_type: str = "bnpo") -> None:
 if __name__ == "__main__":
     main(*sys.argv[1:])
     if g.os.environ.get("WORLD_SIZE", "1") != "1":
+        # rank 0 may still be saving: tearing gloo down under it can abort the other rank ("terminate called
+        # without an active exception", seen once on a loaded 2-core machine)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
