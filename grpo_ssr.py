@@ -345,7 +345,8 @@ def reset_generation_config(model, tokenizer) -> None:
 
     transformers fills every generation option that generate() is not given from `model.generation_config`
     (Qwen2-Instruct ships top_k=20, top_p=0.8, repetition_penalty=1.05; others set min_p or no_repeat_ngram_size).
-    GRPO's loss assumes plain temperature sampling, so none of them may apply.
+    Training does not read it (generate_completions has its own sampler), but the model is saved with it: resetting
+    it means a later `model.generate` on the trained model samples the way the policy was trained.
     """
     from transformers import GenerationConfig
 

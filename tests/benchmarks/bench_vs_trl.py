@@ -9,7 +9,9 @@ Both: 16 completions a step, 8 per prompt, at most 64 new tokens, temperature 1.
 passes top_k=0, top_p=1.0 to generate; the worker records TRL's resolved GenerationConfig to prove it), beta 0,
 learning rate 1e-3 decayed linearly to 0, AdamW without weight decay, gradient clipping at 1.0, loss_type bnpo,
 rewards scaled by the group std, epsilon 0.2, one optimizer step per generation batch, reward grpo_ssr.reward_len
-(-|20 - characters|). Ours uses the uniform buffer (--replay_buffer_class ReplayBuffer): plain GRPO. TRL: no vLLM,
+(-|20 - characters|). Each samples with its own code: TRL through transformers' `generate`, ours through
+grpo_ssr.generate_completions (a decode loop with one prefill per prompt); that difference is part of what is
+timed. Ours uses the uniform buffer (--replay_buffer_class ReplayBuffer): plain GRPO. TRL: no vLLM,
 report_to "none", CPU, no checkpoints; its defaults of bf16 autocast and gradient checkpointing are switched off,
 because ours runs plain fp32 on CPU and neither trainer should be timed doing different arithmetic. Logging as
 each does by default: ours writes a metrics.jsonl line every step and a progress bar; TRL logs every 10 steps
