@@ -10,7 +10,7 @@ completion of a group gets the same reward, all their advantages are zero and th
 the samples with a non-zero advantage in a replay buffer and draws each training batch from it with probability
 proportional to |advantage|^alpha, so every step trains on samples that carry signal.
 
-Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, about two minutes), `python grpo_ssr.py --help`.
+Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, under a minute), `python grpo_ssr.py --help`.
 
 The file reads top to bottom in the order the algorithm runs:
     config -> device and seeds -> model and data -> reward -> generation -> log-probabilities -> advantages

@@ -5,7 +5,7 @@ the tiny model with grpo_ssr.run, reads the run's metrics.jsonl, and keeps a com
 over bins of --bin steps, plus a few end-of-run numbers. Everything else the runs write (models, logs) is thrown away
 unless --keep_runs is given.
 
-    python notebooks/run_study.py                      # the committed results: 5 seeds, 250 steps, ~12-15 CPU minutes
+    python notebooks/run_study.py                      # the committed results: 5 seeds, 250 steps, about 9 minutes
     python notebooks/run_study.py --seeds 0 --max_steps 40 --out /tmp/quick.json   # a smoke test
     python notebooks/run_study.py --rewards reward_len_binary --set ssr_capacity_scalar=1 --out /tmp/k1.json
 
