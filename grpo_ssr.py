@@ -529,6 +529,12 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) ->
     return (positions[None, :] <= first_eos[:, None]).long()
 
 
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position counts only the real tokens before it, so a left-padded row gets the same positions as
+    the unpadded one (pad slots get 0). Generation and the log-probs both use this. (B, T) -> (B, T)."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Draw one token per row from softmax(logits / temperature), and from nothing else. (B, V) -> (B,).
 
@@ -569,8 +575,8 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     G, eos, pad = num_generations, tokenizer.eos_token_id, tokenizer.pad_token_id
     cache_kw = _cache_kwarg(model)
 
-    # Prefill: the prompts once each. Positions count real tokens only, so left padding does not shift them.
-    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # (P, Tp)
+    # Prefill: the prompts once each.
+    positions = positions_from_mask(prompt_mask)  # (P, Tp)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
                 logits_to_keep=1)
     cache = out[cache_kw]
@@ -648,7 +654,7 @@ class HeadLogProbs(torch.autograd.Function):
         g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
         g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
         g.div_(T)  # through z = logits / T: now the gradient of the logits
-        g = g.to(weight.dtype) if g.dtype != weight.dtype else g
+        g = g.to(weight.dtype)  # a no-op in fp32
         grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
         grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
@@ -683,8 +689,7 @@ def _lean_head(model) -> Optional[torch.nn.Linear]:
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
     """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C)."""
-    # Positions count real tokens only, as in generate_completions, so left padding does not shift them.
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    position_ids = positions_from_mask(attention_mask)  # the positions the tokens were sampled at
     targets = input_ids[:, -logits_to_keep:]  # (B, C)
     head = _lean_head(model)
     if head is None:
