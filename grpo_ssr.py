@@ -583,30 +583,27 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     if callable(getattr(cache, "batch_repeat_interleave", None)):
         cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V), B = P * G
-    else:  # a cache type that cannot be repeated: prefill every row instead
+    else:  # a cache type that cannot be repeated (none of transformers' own): prefill every row, a second time
         out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=prompt_mask.repeat_interleave(G, 0),
                     position_ids=positions.repeat_interleave(G, 0), use_cache=True, logits_to_keep=1)
         cache, logits = out[cache_kw], out.logits[:, -1]
     prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
 
     # Decode: one token for every row per forward pass. The mask is allocated once and read through growing views.
-    B, Tp = prompt_ids.shape
-    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, max_completion_length)], dim=1)  # (B, Tp + C)
-    next_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1)
-    completion_ids = prompt_ids.new_full((B, max_completion_length), pad)
+    B, Tp, C = *prompt_ids.shape, max_completion_length
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, C)], dim=1)  # (B, Tp + C)
+    first_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): where completion token 0 sits
+    completion_ids = prompt_ids.new_full((B, C), pad)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
-    length = 0
-    while length < max_completion_length:
-        token = torch.where(ended, pad, sample_next_token(logits, temperature))  # (B,)
-        completion_ids[:, length] = token
+    for t in range(C):
+        token = torch.where(ended, pad, sample_next_token(logits, temperature))  # (B,): completion token t
+        completion_ids[:, t] = token
         ended |= token == eos
-        length += 1
-        if length == max_completion_length or bool(ended.all()):
+        if t == C - 1 or bool(ended.all()):
             break
-        logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + length], position_ids=next_position,
-                       use_cache=True, **{cache_kw: cache}).logits[:, -1]
-        next_position = next_position + 1
-    completion_ids = completion_ids[:, :length]  # (B, Tc); Tc < max when every row hit EOS early
+        logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + t + 1], position_ids=first_position + t,
+                       use_cache=True, **{cache_kw: cache}).logits[:, -1]  # (B, V): predicts token t + 1
+    completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
             "completion_mask": completion_mask_from_eos(completion_ids, eos)}
 
