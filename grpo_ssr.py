@@ -55,6 +55,7 @@ import signal
 import sys
 import time
 import warnings
+import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,11 +117,20 @@ class GRPOConfig:
     temperature: float = _opt(1.0, "Sampling temperature; the log-probabilities use the same one. Top-k and top-p are off.")
     beta: float = _opt(0.0, "Weight of the k3 KL penalty to the frozen initial model; 0 skips the reference model "
                             "(TRL's default since 0.19).")
+    use_bias_correction_kl: bool = _opt(True, "Multiply the k3 term by the importance ratio pi / pi_old (kept in "
+                                              "the graph), so its gradient is that of the reverse KL(pi || ref), "
+                                              "as TRL's default since 2025 (DeepSeek-V3.2). Off: plain per-token k3, "
+                                              "whose gradient is that of the forward KL(ref || pi). Only with beta > 0.")
+    disable_dropout: bool = _opt(True, "Set every dropout probability of the policy to 0 (TRL's default): sampling "
+                                       "runs the model in eval mode, so with dropout on in training the stored and "
+                                       "recomputed log-probs would describe different distributions.")
     epsilon: float = _opt(0.2, "Lower clipping range of the ratio: [1 - epsilon, ...] (TRL's default 0.2).")
     epsilon_high: Optional[float] = _opt(None, "Upper clipping range: [..., 1 + epsilon_high]; default epsilon. "
                                                "DAPO uses 0.28.")
-    loss_type: str = _opt("bnpo", "grpo: mean per sequence, then over sequences. bnpo: tokens of the micro-batch. "
-                                  "dr_grpo: micro-batch size x max_completion_length. dapo: tokens of the whole step.")
+    loss_type: str = _opt("dapo", "grpo: mean per sequence, then over sequences. bnpo: tokens of the micro-batch "
+                                  "(of this process). dr_grpo: micro-batch size x max_completion_length. dapo: tokens "
+                                  "of the whole step, all processes together. dapo is TRL's default since 2025 (the "
+                                  "seed's TRL used bnpo).")
     scale_rewards: bool = _opt(True, "Divide each group's advantages by its reward std (+1e-4). Dr. GRPO turns it off.")
     # --- replay
     replay_buffer_class: str = _opt("SSRReplayBuffer", "SSRReplayBuffer (or ssr): keep non-zero-advantage samples, "
@@ -349,8 +359,26 @@ def reset_generation_config(model, tokenizer) -> None:
     """
     from transformers import GenerationConfig
 
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    eos = eos_token_ids(model, tokenizer)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                               eos_token_id=eos if len(eos) > 1 else eos[0])
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and each one the model's generation config lists, as in
+    TRL. Qwen2-Instruct has two (<|im_end|> and <|endoftext|>); stopping at only one would let text run on."""
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
+    return list(dict.fromkeys([tokenizer.eos_token_id, *listed]))  # the tokenizer's first, no repeats
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set p = 0 in every dropout layer (as TRL's disable_dropout), so train() and eval() compute the same logits."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):  # attention that applies it as a float
+            module.attention_dropout = 0.0
 
 
 BUILTIN_SUBREDDITS = ["relationships", "personalfinance", "AskDocs", "cooking", "legaladvice", "running"]
@@ -489,10 +517,13 @@ REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binar
 
 
 def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
-                      columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor]:
+                      columns: dict[str, list], warned: Optional[set] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Call each reward function; return the weighted rewards (B,) and the per-function scores (B, F).
 
-    None or NaN means "no score" from that function: it is left out of the weighted sum (as in TRL).
+    None or NaN means "no score" from that function: it is left out of the weighted sum. A completion that no
+    function scores is unscorable: its reward is NaN, and group_advantages leaves it out (all as in TRL). An
+    infinite score is an error. Each function that returns None is named once in a warning (its name is then
+    added to `warned`, when given).
     """
     per_func = torch.empty(len(completions), len(reward_funcs), dtype=torch.float64)
     for j, func in enumerate(reward_funcs):
@@ -505,8 +536,17 @@ def score_completions(reward_funcs: list[Callable], weights: list[float], prompt
             per_func[:, j] = torch.tensor([math.nan if r is None else float(r) for r in out], dtype=torch.float64)
         except (TypeError, ValueError):
             raise ValueError(f"reward function {name!r} returned a value that is not a number: {list(out)[:4]}") from None
+        if per_func[:, j].isinf().any():
+            raise ValueError(f"reward function {name!r} returned an infinite reward: return a finite number, or "
+                             "None (or NaN) for no score")
+        if warned is not None and name not in warned and any(r is None for r in out):
+            warned.add(name)
+            warnings.warn(f"reward function {name!r} returned None for some completions: no score from it there "
+                          "(a completion no function scores gets advantage 0). Shown once per function.",
+                          stacklevel=2)
     w = torch.tensor(weights, dtype=torch.float64)
     rewards = (per_func * w).nansum(dim=1)  # (B,)
+    rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
     return rewards.float(), per_func
 
 
@@ -521,9 +561,9 @@ def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
             for r in rows]
 
 
-def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """1 for every token up to and including the first EOS, 0 after it. (B, C) -> (B, C) long."""
-    is_eos = completion_ids == eos_token_id
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
+    """1 for every token up to and including the first EOS (any of the ids given), 0 after it. (B, C) -> (B, C)."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_id, device=completion_ids.device))
     first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completion_ids.size(1))  # (B,)
     positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
     return (positions[None, :] <= first_eos[:, None]).long()
@@ -559,20 +599,26 @@ def _cache_kwarg(model) -> str:
 
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
-                         max_completion_length: int, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+                         max_completion_length: int, temperature: float = 1.0,
+                         add_special_tokens: bool = True) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
+
+    Plain prompts get the tokenizer's special tokens (a BOS for Llama, Mistral, Gemma), as in TRL; pass
+    `add_special_tokens=False` for text that a chat template rendered, which already holds them.
 
     Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). This is a plain decode loop with a
     KV cache, not `model.generate`, so the sampling rule is exactly `sample_next_token` and nothing the model's
     generation config says can change it. Each prompt is run through the model once, not G times: its cache is
     then repeated for the G completions of its group. A row that samples EOS is padded from then on, and the loop
-    stops as soon as every row has ended.
+    stops as soon as every row has ended. Any of `eos_token_ids(model, tokenizer)` ends a row.
     """
     device = next(model.parameters()).device
-    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens,
+                    return_tensors="pt")
     prompt_ids = enc.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
     prompt_mask = enc.attention_mask[:, -max_prompt_length:].to(device)
-    G, eos, pad = num_generations, tokenizer.eos_token_id, tokenizer.pad_token_id
+    G, pad = num_generations, tokenizer.pad_token_id
+    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)  # (E,): any of them ends a row
     cache_kw = _cache_kwarg(model)
 
     # Prefill: the prompts once each.
@@ -598,14 +644,14 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     for t in range(C):
         token = torch.where(ended, pad, sample_next_token(logits, temperature))  # (B,): completion token t
         completion_ids[:, t] = token
-        ended |= token == eos
+        ended |= torch.isin(token, eos)
         if t == C - 1 or bool(ended.all()):
             break
         logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + t + 1], position_ids=first_position + t,
                        use_cache=True, **{cache_kw: cache}).logits[:, -1]  # (B, V): predicts token t + 1
     completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask_from_eos(completion_ids, eos)}
+            "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist())}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -672,15 +718,43 @@ def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: tor
     return torch.cat(pieces).view_as(targets)
 
 
+_LEAN_DECISIONS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
 def _lean_head(model) -> Optional[torch.nn.Linear]:
-    """The output head if logits are exactly `head(hidden)`; None for models that post-process their logits
-    (soft-capping, logit scaling), which take the plain full-logits path."""
-    cfg = model.config
-    if any(getattr(cfg, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale",
-                                                               "logits_scaling")):
-        return None
+    """The output head if the model's logits are exactly `head(last hidden state)`; None sends it down the plain
+    full-logits path.
+
+    This is measured, not guessed from config names: the first time a model is seen, a probe of 8 tokens goes
+    through both paths and their log-softmaxes are compared. A model that scales, soft-caps or otherwise
+    post-processes its logits (Falcon-H1's lm_head_multiplier, RecurrentGemma's logits_soft_cap, Gemma 2's
+    final_logit_softcapping, ...) fails the probe. The answer is kept per model object.
+    """
     head = model.get_output_embeddings()
-    return head if isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix) else None
+    if not (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)):
+        return None
+    if model not in _LEAN_DECISIONS:
+        _LEAN_DECISIONS[model] = _lean_matches_full(model, head)
+    return head if _LEAN_DECISIONS[model] else None
+
+
+@torch.no_grad()
+def _lean_matches_full(model, head: torch.nn.Linear, tolerance: float = 1e-3) -> bool:
+    """Do log_softmax(head(hidden)) and log_softmax(model(...).logits) agree on a probe of 8 tokens (in fp32, eval)?"""
+    device = head.weight.device
+    ids = (torch.arange(1, 9, device=device) * 7919 % head.out_features)[None]  # (1, 8): spread-out token ids
+    mask, training = torch.ones_like(ids), model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, enabled=False):
+            full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (1, 8, V)
+            hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=mask,
+                                                             use_cache=False).last_hidden_state
+            lean = head(hidden)  # (1, 8, V)
+    finally:
+        model.train(training)
+    return full.shape == lean.shape and torch.allclose(full.float().log_softmax(-1), lean.float().log_softmax(-1),
+                                                       rtol=tolerance, atol=tolerance)
 
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -692,7 +766,7 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     if head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
-        return selective_log_softmax(logits[:, :-1] / temperature, targets)
+        return selective_log_softmax(logits[:, :-1].float() / temperature, targets)  # upcast before dividing
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state  # (B, T, H)
@@ -718,22 +792,33 @@ class LogProbs(torch.nn.Module):
 # ----------------------------------------------------------------------------------------------------------------------
 
 def zero_spread_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """True for each group whose rewards are all equal. (B,) -> (B / G,) bool."""
+    """True for each group whose scored rewards (NaN = unscorable, ignored) are all equal, or that has none.
+    (B,) -> (B / G,) bool."""
     grouped = rewards.view(-1, num_generations)
-    return grouped.max(dim=1).values == grouped.min(dim=1).values
+    high = grouped.nan_to_num(nan=-math.inf).max(dim=1).values
+    low = grouped.nan_to_num(nan=math.inf).min(dim=1).values
+    return ~(high > low)
+
+
+def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The unbiased standard deviation of the non-NaN values along `dim` (NaN where fewer than two)."""
+    count = (~x.isnan()).sum(dim=dim, keepdim=True)
+    var = ((x - x.nanmean(dim=dim, keepdim=True)) ** 2).nansum(dim=dim, keepdim=True) / (count - 1)
+    return torch.where(count > 1, var, math.nan).sqrt()
 
 
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool = True) -> torch.Tensor:
     """A_i = r_i - mean(group), divided by std(group) + 1e-4 when scaling. (B,) -> (B,).
 
+    A NaN reward (an unscorable completion) is left out of its group's mean and std, and gets advantage 0, as in TRL.
     Groups with zero spread get advantages of exactly 0 (not a rounding error away from it): SSR relies on that.
     """
     grouped = rewards.view(-1, num_generations)  # (B/G, G)
-    adv = grouped - grouped.mean(dim=1, keepdim=True)
+    adv = grouped - grouped.nanmean(dim=1, keepdim=True)
     if scale_rewards:
-        adv = adv / (grouped.std(dim=1, keepdim=True) + 1e-4)  # unbiased std, as in TRL
+        adv = adv / (nanstd(grouped, dim=1) + 1e-4)  # unbiased std, as in TRL
     adv = torch.where(zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv)
-    return adv.view(-1)
+    return adv.nan_to_num(nan=0.0).view(-1)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -925,30 +1010,37 @@ def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
 
 def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
               completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
-              beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "bnpo",
-              max_completion_length: Optional[int] = None, num_micro_batches: int = 1,
-              num_items_in_batch: Optional[float] = None,
+              beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "dapo",
+              use_bias_correction_kl: bool = True, max_completion_length: Optional[int] = None,
+              num_micro_batches: int = 1, num_items_in_batch: Optional[float] = None,
               micro_batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
 
     Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
       grpo:    each sequence's token count, then B * num_micro_batches sequences (mean of sequence means)
-      bnpo:    this micro-batch's token count (or micro_batch_tokens, all ranks' together), then num_micro_batches
-               (exact only if micro-batches hold equal numbers of tokens)
+      bnpo:    this micro-batch's token count (or micro_batch_tokens), then num_micro_batches
+               (exact only if micro-batches hold equal numbers of tokens; under torchrun, this process's tokens)
       dr_grpo: B * max_completion_length * num_micro_batches (a constant: no length bias)
-      dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step
+      dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
+    The KL term is k3 = exp(ref - logp) - (ref - logp) - 1. With use_bias_correction_kl it is multiplied by the
+    ratio pi / pi_old (differentiable): its gradient is then the reverse-KL gradient (logp - ref) * grad logp;
+    plain k3's gradient, (1 - ref_p / p) * grad logp, is in expectation that of the forward KL(ref || pi).
     """
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
     mask = completion_mask.to(per_token_logps.dtype)
-    ratio = torch.exp(per_token_logps - old_per_token_logps)  # (B, C); exactly 1 on-policy
+    live = completion_mask.bool()
+    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
+    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
+    log_ratio = torch.where(live, per_token_logps - old_per_token_logps, 0.0)  # (B, C)
+    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
     adv = advantages[:, None]  # (B, 1)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
     stats = {}
     if beta > 0:
-        delta = ref_per_token_logps - per_token_logps
+        delta = torch.where(live, ref_per_token_logps - per_token_logps, 0.0)  # (B, C); 0 at padded slots
         kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
-        per_token_loss = per_token_loss + beta * kl
+        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
         stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
 
     total = (per_token_loss * mask).sum()
@@ -960,7 +1052,7 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
     elif loss_type == "dr_grpo":
         loss = total / (mask.size(0) * max_completion_length * num_micro_batches)
     elif loss_type == "dapo":
-        loss = total / max(num_items_in_batch, 1)
+        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
     else:
         raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
 
@@ -994,6 +1086,8 @@ class GRPOTrainer:
         if model is None:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
+        if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
+            disable_dropout(model)
         self.model, self.tokenizer = model.to(self.device), tokenizer
         self.ref_model = self.ref_logprobs = None
         if cfg.beta > 0:
@@ -1030,12 +1124,13 @@ class GRPOTrainer:
         self.sample_uid = 0
         self.last_gen_metrics: dict[str, float] = {}
         self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0}
+        self.warned_none: set[str] = set()  # reward functions already named in a "returned None" warning
         self.stop_requested = 0
 
     def _lr_factor(self, step: int) -> float:
         cfg = self.cfg
         if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
+            return step / cfg.warmup_steps  # HF's linear warm-up: 0 on the first step
         return max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - cfg.warmup_steps))
 
     # --- generation and scoring ---------------------------------------------------------------------------------
@@ -1054,19 +1149,24 @@ class GRPOTrainer:
         # every rank walks the same order and takes its own whole groups: advantages stay local and exact
         rows = [self.dataset[i] for i in self.prompt_sampler.next_indices(n * self.dist.world_size)[rank * n:
                                                                                                  (rank + 1) * n]]
+        chat = not isinstance(rows[0]["prompt"], str)
         self.model.eval()
-        with self.autocast():
+        with self.autocast():  # a chat template writes its own BOS: do not add a second one
             batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
-                                         cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature)
+                                         cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature,
+                                         add_special_tokens=not chat)
         self.model.train()
         texts = tok.batch_decode(batch["completion_ids"] * batch["completion_mask"] + tok.pad_token_id
                                  * (1 - batch["completion_mask"]), skip_special_tokens=True)
-        chat = not isinstance(rows[0]["prompt"], str)
         completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
         repeated = [r for r in rows for _ in range(cfg.num_generations)]
-        columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
+        columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
+        # TRL's completion_ids: each completion's token ids without padding (a sampled EOS is the last one)
+        columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in
+                                     zip(batch["completion_ids"].cpu(), batch["completion_mask"].cpu())]
         rewards, per_func = score_completions(self.reward_funcs, self.reward_weights,
-                                              [r["prompt"] for r in repeated], completions, columns)
+                                              [r["prompt"] for r in repeated], completions, columns,
+                                              warned=self.warned_none)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
         batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
@@ -1079,10 +1179,12 @@ class GRPOTrainer:
         self.generations += 1
 
         lengths = batch["completion_mask"].sum(1).float()
-        ended = (batch["completion_ids"] == tok.eos_token_id).any(1).float()
+        ended = torch.isin(batch["completion_ids"], torch.tensor(eos_token_ids(self.model, tok),
+                                                                 device=self.device)).any(1).float()
         self.counters["reward_nan"] += int(per_func.isnan().sum())
-        self.last_gen_metrics = {
-            "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
+        self.last_gen_metrics = {  # the reward's mean and std leave out unscorable completions (NaN), as TRL's
+            "reward": rewards.nanmean().item(), "reward_std": nanstd(rewards, dim=0).item(),
+            "frac_reward_unscorable": rewards.isnan().float().mean().item(),
             "frac_reward_zero_std": zero_spread_groups(rewards, cfg.num_generations).float().mean().item(),
             "completion_length": lengths.mean().item(), "frac_truncated": 1 - ended.mean().item(),
             "completions": float(len(rewards)),
@@ -1100,12 +1202,14 @@ class GRPOTrainer:
         """
         self.buffer.add(self.generate_batch())
         batches, retries = [self.last_gen_metrics], 0
-        while not self.buffer.can_serve(self.cfg.per_device_train_batch_size) and \
-                retries < self.cfg.max_generation_retries:
+        while retries < self.cfg.max_generation_retries and \
+                self.dist.reduce([float(not self.buffer.can_serve(self.cfg.per_device_train_batch_size))], "max")[0]:
             retries += 1
             self.buffer.add(self.generate_batch())
             batches.append(self.last_gen_metrics)
-        self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
+        with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
         return retries
 
     # --- one optimizer step --------------------------------------------------------------------------------------
@@ -1116,15 +1220,18 @@ class GRPOTrainer:
         start = time.perf_counter()
         per_gen = cfg.gradient_accumulation_steps * cfg.num_iterations
         retries, generated = 0, False
-        if self.micro_step % per_gen == 0 or not self.buffer.can_serve(cfg.per_device_train_batch_size):
+        must = self.micro_step % per_gen == 0 or not self.buffer.can_serve(cfg.per_device_train_batch_size)
+        if self.dist.reduce([float(must)], op="max")[0]:  # all ranks or none: their prompt order stays shared
             retries, generated = self.refill(), True
         metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
                    "generation_retries": retries}
         cannot_serve = not self.buffer.can_serve(cfg.per_device_train_batch_size)
         if self.dist.reduce([float(cannot_serve)], op="max")[0]:  # under torchrun all ranks skip together
             self.counters["skipped_steps"] += 1
-            print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries "
-                  "(every group had zero reward spread)", file=sys.stderr)
+            why = "every reward function returned None for every completion" \
+                if self.last_gen_metrics.get("frac_reward_unscorable") == 1.0 else "every group had zero reward spread"
+            print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries ({why})",
+                  file=sys.stderr)
             self.micro_step += cfg.gradient_accumulation_steps
             self._advance_schedule(stepped=False)
             return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
@@ -1132,10 +1239,12 @@ class GRPOTrainer:
 
         micro_batches = [self.buffer.sample(cfg.per_device_train_batch_size)
                          for _ in range(cfg.gradient_accumulation_steps)]
-        # Token counts of each micro-batch, all ranks together: the token-level loss types divide by them, and
-        # since DDP averages gradients over ranks, their loss is scaled back up by the world size.
-        tokens = self.dist.reduce([float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches])
-        scale = self.dist.world_size if cfg.loss_type in ("bnpo", "dapo") else 1
+        # dapo divides by the token count of the whole step, all ranks together; since DDP averages gradients over
+        # ranks, its loss is scaled back up by the world size. bnpo divides by this rank's own micro-batch tokens and
+        # lets DDP average, as TRL does: N ranks then differ from one big batch, as micro-batches already do.
+        own_tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
+        step_tokens = sum(self.dist.reduce(own_tokens))
+        scale = self.dist.world_size if cfg.loss_type == "dapo" else 1
         sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
         for i, samples in enumerate(micro_batches):
             batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
@@ -1146,9 +1255,10 @@ class GRPOTrainer:
                 loss, stats = grpo_loss(
                     logps, old, batch["advantages"], batch["completion_mask"], epsilon_low=cfg.epsilon,
                     epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_per_token_logps=batch["ref_per_token_logps"],
-                    loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length,
-                    num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=sum(tokens),
-                    micro_batch_tokens=tokens[i])
+                    loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
+                    max_completion_length=cfg.max_completion_length,
+                    num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=step_tokens,
+                    micro_batch_tokens=own_tokens[i])
                 (loss * scale).backward()
             sums["loss"] += loss.item() * scale  # averaged over ranks in the metrics: the whole job's loss
             for k, v in stats.items():
@@ -1307,7 +1417,9 @@ class GRPOTrainer:
         if not (path / "trainer_state.pt").is_file():
             raise ConfigError(f"--resume_from_checkpoint {str(path)!r} is not a checkpoint folder "
                               "(no trainer_state.pt)")
-        shared = torch.load(path / "trainer_state.pt", map_location=self.device, weights_only=False)
+        # Everything is read onto the CPU: a torch.Generator's state and SSR's priorities must stay there (set_state
+        # refuses a CUDA tensor), and load_state_dict moves the optimizer's state to its parameters' device.
+        shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         if shared["world_size"] != self.dist.world_size:
             raise ConfigError(f"--resume_from_checkpoint {str(path)!r} was written by {shared['world_size']} "
                               f"process(es); resume it with the same number, not {self.dist.world_size}")
@@ -1323,10 +1435,12 @@ class GRPOTrainer:
         self.scheduler.load_state_dict(shared["scheduler"])
         if self.ref_model is not None and shared["ref_model"] is not None:
             self.ref_model.load_state_dict(shared["ref_model"])
-        own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location=self.device, weights_only=False)
+        own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
         self.generations, self.sample_uid = own["generations"], own["sample_uid"]
         self.last_gen_metrics = own["last_gen_metrics"]
-        self.buffer.load_state_dict(own["buffer"])
+        own["buffer"]["slots"] = [None if s is None else {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                                                          for k, v in s.items()} for s in own["buffer"]["slots"]]
+        self.buffer.load_state_dict(own["buffer"])  # the samples on the training device, the sampler on the CPU
         self.prompt_sampler.load_state_dict(own["prompt_sampler"])
         rng = own["rng"]
         random.setstate(rng["python"])
