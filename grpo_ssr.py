@@ -35,6 +35,11 @@ Where it departs from the TRL pull request it grew from (and why):
 - Sampling is temperature-only, by our own decode loop rather than `model.generate`, which would apply the model's
   own defaults (Qwen2-Instruct's top-k 20, top-p 0.8, repetition penalty) and transformers' hidden top-k 50. The loss
   assumes the completions came from the distribution it computes. The saved model's defaults are reset too.
+- Defaults and details follow TRL as it is today (1.16), not as it was for the pull request: `loss_type` "dapo"
+  (the pull request's TRL used "bnpo"), the k3 KL term multiplied by the importance ratio (`use_bias_correction_kl`,
+  whose gradient is the reverse KL's), dropout disabled in the policy, every EOS id of tokenizer and generation
+  config ends a completion, plain prompts keep the tokenizer's BOS, unscorable completions (no reward function
+  scored them) get reward NaN and advantage 0, and `bnpo` divides by each process's own tokens under torchrun.
 
 Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
 keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *

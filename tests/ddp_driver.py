@@ -4,7 +4,10 @@
 
 MODE "train": a few real steps; each rank saves its final parameters to OUT_DIR/params-{rank}.pt.
 MODE "fixed": one step on fixed completions (the same 16 samples for any world size, split between the ranks);
-rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed.pt.
+rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed-{loss_type}-{world}.pt.
+    python tests/ddp_driver.py OUT_DIR fixed LOSS_TYPE SHARES   (one process)
+computes the gradient of each of SHARES equal shares on its own, as SHARES ranks would, and saves their mean
+(what DDP's averaging gives) to OUT_DIR/fixed-{loss_type}-1x{SHARES}.pt.
 """
 import sys
 from pathlib import Path
@@ -34,7 +37,7 @@ def fixed_samples(pad_id: int) -> list[dict]:
     return out
 
 
-def main(out_dir: str, mode: str, loss_type: str = "bnpo") -> None:
+def main(out_dir: str, mode: str, loss_type: str = "bnpo", shares: str = "") -> None:
     out = Path(out_dir)
     if mode == "train":
         cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=3, device="cpu", per_device_train_batch_size=8,
@@ -44,11 +47,24 @@ def main(out_dir: str, mode: str, loss_type: str = "bnpo") -> None:
         torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
         return
     world = int(g.os.environ.get("WORLD_SIZE", "1"))
+    if shares:  # one process, each share on its own: the gradients N ranks would compute before DDP averages them
+        n = int(shares)
+        grads = [one_step(out, loss_type, n, r)[0] for r in range(n)]
+        torch.save({"grads": [sum(gs) / n for gs in zip(*grads)]}, out / f"fixed-{loss_type}-1x{n}.pt")
+        return
+    grads, trainer = one_step(out, loss_type, world, None)
+    if trainer.dist.rank == 0:
+        torch.save({"grads": grads, "params": [p.detach() for p in trainer.model.parameters()]},
+                   out / f"fixed-{loss_type}-{world}.pt")
+
+
+def one_step(out: Path, loss_type: str, world: int, share=None):
+    """One train_step on this rank's share (or on share `share` of `world`); returns the gradient and the trainer."""
     cfg = g.GRPOConfig(output_dir=str(out / "fixed"), max_steps=1, device="cpu", loss_type=loss_type,
                        per_device_train_batch_size=TOTAL // world, num_generations=4, max_completion_length=9,
                        replay_buffer_class="ReplayBuffer", max_grad_norm=1e9, learning_rate=1e-2)
     trainer = g.GRPOTrainer(cfg)
-    rank = trainer.dist.rank
+    rank = trainer.dist.rank if share is None else share
     share = fixed_samples(trainer.tokenizer.pad_token_id)[rank * TOTAL // world:(rank + 1) * TOTAL // world]
     trainer.generate_batch = lambda: share
     grads = {}
@@ -60,9 +76,7 @@ def main(out_dir: str, mode: str, loss_type: str = "bnpo") -> None:
 
     trainer.optimizer.step = step
     trainer.train_step()
-    if rank == 0:
-        torch.save({"grads": grads["g"], "params": [p.detach() for p in trainer.model.parameters()]},
-                   out / f"fixed-{loss_type}-{world}.pt")
+    return grads["g"], trainer
 
 
 if __name__ == "__main__":

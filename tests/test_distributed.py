@@ -57,7 +57,7 @@ def test_parameters_identical_on_both_ranks(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(p0, p1))
 
 
-@pytest.mark.parametrize("loss_type", ["bnpo", "dapo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_two_ranks_give_the_update_of_one_big_batch(tmp_path, loss_type):
     """Fixed completions of unequal lengths, 8 per rank, against one process on all 16."""
     torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "fixed", loss_type)
@@ -73,3 +73,18 @@ def test_two_ranks_give_the_update_of_one_big_batch(tmp_path, loss_type):
     for a, b, grad in zip(two["params"], one["params"], one["grads"]):
         clear = grad.abs() > 1e-5
         assert torch.allclose(a[clear], b[clear], atol=1e-6)
+
+
+def test_bnpo_divides_each_rank_by_its_own_tokens(tmp_path):
+    """As TRL: each rank's bnpo loss is divided by that rank's own token count and DDP averages the gradients. So two
+    ranks give the mean of each share's own bnpo gradient, which differs from one big batch's (the shares hold 37
+    and 42 tokens)."""
+    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "fixed", "bnpo")
+    for extra in ([], ["2"]):
+        single = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_driver.py"), tmp_path, "fixed", "bnpo",
+                                 *extra], capture_output=True, text=True, env=ENV, timeout=300)
+        assert single.returncode == 0, single.stderr[-3000:]
+    two, shares, big = (torch.load(tmp_path / f"fixed-bnpo-{w}.pt") for w in ("2", "1x2", "1"))
+    for a, b in zip(two["grads"], shares["grads"]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+    assert not all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(two["grads"], big["grads"]))

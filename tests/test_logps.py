@@ -70,6 +70,7 @@ def test_lean_path_never_builds_full_logits():
             return out
 
     ids = torch.randint(0, 256, (4, 12))
+    assert g._lean_head(model) is model.lm_head  # the once-per-model probe (8 tokens of logits) runs here, before
     with VocabSized():
         lp = g.per_token_logps(model, ids, torch.ones_like(ids), 10, chunk_size=4)
         lp.sum().backward()
