@@ -107,7 +107,8 @@ class GRPOConfig:
     max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in ~2 CPU minutes.")
     learning_rate: float = _opt(1e-3, "AdamW peak learning rate, decayed linearly to 0. 1e-3 suits the tiny random "
                                       "model; use about 1e-6 for a pretrained 0.5B model (TRL's default).")
-    warmup_steps: int = _opt(0, "Linear warm-up steps before the linear decay.")
+    warmup_steps: int = _opt(0, "Linear warm-up steps before the linear decay, as HF's schedule: the rate is "
+                                "step / warmup_steps of its peak, 0 on the first step. 0 (TRL's default) skips it.")
     weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
     per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
