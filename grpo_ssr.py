@@ -10,7 +10,8 @@ completion of a group gets the same reward, all their advantages are zero and th
 the samples with a non-zero advantage in a replay buffer and draws each training batch from it with probability
 proportional to |advantage|^alpha, so every step trains on samples that carry signal.
 
-Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, under a minute), `python grpo_ssr.py --help`.
+Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, about half a minute on a 2-core CPU),
+`python grpo_ssr.py --help`.
 
 The file reads top to bottom in the order the algorithm runs:
     config -> device and seeds -> model and data -> reward -> generation -> log-probabilities -> advantages
@@ -178,8 +179,9 @@ def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
         raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
 
 
-def validate_config(cfg: GRPOConfig) -> None:
-    """Check every constrained field before any work is done. Raises ConfigError naming the option."""
+def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None) -> None:
+    """Check every constrained field before any work is done. Raises ConfigError naming the option.
+    `reward_funcs`: the functions passed in from Python, if any, which replace --reward_funcs."""
     for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
                  "max_prompt_length", "max_completion_length", "logging_steps", "logits_chunk_size"):
         _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be a positive integer")
@@ -208,11 +210,11 @@ def validate_config(cfg: GRPOConfig) -> None:
            "must be >= 1 (or left out to keep every checkpoint)")
     _check(cfg.num_completions_to_print >= 0, "num_completions_to_print", cfg.num_completions_to_print,
            "must be >= 0")
-    if not cfg.reward_funcs.startswith(FROM_PYTHON):  # functions passed in: GRPOTrainer checks them
-        names = resolve_reward_funcs(cfg.reward_funcs)  # imports dotted paths now, so a typo stops the run here
-        weights = reward_weight_list(cfg.reward_weights)
-        _check(weights is None or len(weights) == len(names), "reward_weights", cfg.reward_weights,
-               f"give {len(names)} number(s), one per reward function")
+    if reward_funcs is None and not cfg.reward_funcs.startswith(FROM_PYTHON):
+        reward_funcs = resolve_reward_funcs(cfg.reward_funcs)  # imports dotted paths now: a typo stops the run here
+    weights = reward_weight_list(cfg.reward_weights)
+    _check(weights is None or reward_funcs is None or len(weights) == len(reward_funcs), "reward_weights",
+           cfg.reward_weights, f"give {len(reward_funcs or [])} number(s), one per reward function")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1096,7 +1098,7 @@ class GRPOTrainer:
                  reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
                  dataset=None):
         cfg = resume_config(cfg)  # a resumed run takes the checkpoint's settings
-        validate_config(cfg)
+        validate_config(cfg, reward_funcs)
         _check_python_objects(cfg, model, tokenizer, dataset, reward_funcs)
         self.cfg = cfg
         self.device, self.autocast = pick_device(cfg.device)
@@ -1651,8 +1653,8 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
             values[f.name] = ours
         elif f.name in given and ours != saved[f.name]:
             raise ConfigError(f"--{f.name} {ours!r} conflicts with the checkpoint's {saved[f.name]!r} "
-                              f"({path / 'grpo_config.json'}); on resume only {', '.join(RESUME_MAY_CHANGE[:6])}, "
-                              "--device and --logits_chunk_size may change")
+                              f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device "
+                              "and --logits_chunk_size may change")
         else:
             values[f.name] = saved[f.name]
     own = path.resolve().parent
@@ -1711,7 +1713,7 @@ def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
     The checks run here first as well, so that a mistake costs no time loading a model.
     """
     cfg = resume_config(cfg)
-    validate_config(cfg)
+    validate_config(cfg, trainer_kwargs.get("reward_funcs"))
     if cfg.resume_from_checkpoint is None:
         check_output_dir(cfg)
     trainer = GRPOTrainer(cfg, **trainer_kwargs)
