@@ -1136,6 +1136,8 @@ class GRPOTrainer:
         if len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"--reward_weights gives {len(self.reward_weights)} weights for "
                               f"{len(self.reward_funcs)} reward functions")
+        if reward_weights is not None:
+            self.record["reward_weights"] = self.reward_weights
         self.buffer = make_buffer(cfg, seed=cfg.seed + self.dist.rank)  # each rank keeps its own buffer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
