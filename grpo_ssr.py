@@ -10,7 +10,8 @@ completion of a group gets the same reward, all their advantages are zero and th
 the samples with a non-zero advantage in a replay buffer and draws each training batch from it with probability
 proportional to |advantage|^alpha, so every step trains on samples that carry signal.
 
-Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, under a minute), `python grpo_ssr.py --help`.
+Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, about half a minute on a 2-core CPU),
+`python grpo_ssr.py --help`.
 
 The file reads top to bottom in the order the algorithm runs:
     config -> device and seeds -> model and data -> reward -> generation -> log-probabilities -> advantages
@@ -50,6 +51,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import importlib
 import inspect
 import json
 import math
@@ -94,17 +97,20 @@ class GRPOConfig:
     dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
     prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or a list of chat messages that goes "
                                         "through the tokenizer's chat template.")
-    reward_funcs: str = _opt("reward_len", "Comma-separated reward functions defined in this file: reward_len "
-                                           "(-|20 - length|) or reward_len_binary (1 if within 2 characters of 20). "
-                                           "From Python, pass any functions with TRL's signature to GRPOTrainer.")
-    reward_weights: Optional[str] = _opt(None, "Comma-separated weight per reward function; default all 1.0.")
+    reward_funcs: str = _opt("reward_len", "Comma-separated reward functions: reward_len (-|20 - length|), "
+                                           "reward_len_binary (1 if within 2 characters of 20), or an importable "
+                                           "dotted path such as my_module.my_reward (as TRL's CLI takes). From "
+                                           "Python, pass any functions with TRL's signature to GRPOTrainer.")
+    reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function, as TRL takes them: "
+                                                       "--reward_weights 1.0 0.5; default all 1.0.")
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one. Off by "
                                              "default so that a finished run is never overwritten by accident.")
     seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
     device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda. bf16 autocast on GPUs that support it.")
     # --- optimisation
-    max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in ~2 CPU minutes.")
+    max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in about half a "
+                               "minute on a 2-core CPU.")
     learning_rate: float = _opt(1e-3, "AdamW peak learning rate, decayed linearly to 0. 1e-3 suits the tiny random "
                                       "model; use about 1e-6 for a pretrained 0.5B model (TRL's default).")
     warmup_steps: int = _opt(0, "Linear warm-up steps before the linear decay, as HF's schedule: the rate is "
@@ -119,7 +125,7 @@ class GRPOConfig:
     num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
     max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
     max_completion_length: int = _opt(64, "Most tokens generated per completion. 64 is enough for the length "
-                                          "reward's target of 20 characters; TRL's default is 256.")
+                                          "reward's target of 20 characters; TRL's default is 512.")
     temperature: float = _opt(1.0, "Sampling temperature; the log-probabilities use the same one. Top-k and top-p are off.")
     beta: float = _opt(0.0, "Weight of the k3 KL penalty to the frozen initial model; 0 skips the reference model "
                             "(TRL's default since 0.19).")
@@ -137,7 +143,8 @@ class GRPOConfig:
                                   "(of this process). dr_grpo: micro-batch size x max_completion_length. dapo: tokens "
                                   "of the whole step, all processes together. dapo is TRL's default since 2025 (the "
                                   "seed's TRL used bnpo).")
-    scale_rewards: bool = _opt(True, "Divide each group's advantages by its reward std (+1e-4). Dr. GRPO turns it off.")
+    scale_rewards: bool = _opt(True, "Divide each group's advantages by its reward std (+1e-4), as TRL's "
+                                     "'group' does (on by default; --no_scale_rewards turns it off).")
     # --- replay
     replay_buffer_class: str = _opt("SSRReplayBuffer", "SSRReplayBuffer (or ssr): keep non-zero-advantage samples, "
                                                        "draw by |A|^alpha. ReplayBuffer (or uniform): plain GRPO.")
@@ -150,13 +157,33 @@ class GRPOConfig:
                                        "backward: chunk x vocabulary x 4 bytes (311 MB at Qwen2's 151,936 tokens).")
     # --- output and checkpoints
     logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
+    log_completions: bool = _opt(False, "Every logging step, append the prompts, completions, rewards and "
+                                        "advantages of the latest generation batch to output_dir/completions.jsonl "
+                                        "and print a few. Off by default, as in TRL, to keep the output quiet.")
+    num_completions_to_print: int = _opt(4, "With --log_completions, how many completions to print each logging step "
+                                            "(the file gets them all); 0 prints none. TRL prints all by default.")
     save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
-    resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder to continue from, or 'last' for the "
-                                                       "newest in --output_dir.")
+    save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints, deleting older ones "
+                                                 "(a 0.5B model's checkpoint with AdamW state is several GB); "
+                                                 "default keeps all.")
+    resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder, or 'last' for the newest in "
+                                                       "--output_dir. Alone, it continues that run with its own "
+                                                       "settings and folder; only --max_steps, saving, logging and "
+                                                       "--device may be changed alongside.")
 
     @property
     def generation_batch_size(self) -> int:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+
+# HfArgumentParser gives a boolean that defaults to True a --no_ twin carrying the same help text; these replace it.
+NO_FLAG_HELP = {"scale_rewards": "Do not divide by the group's reward std: advantages are r - mean(group), as in "
+                                 "Dr. GRPO (TRL's scale_rewards='none')."}
+
+
+# What grpo_config.json records for a model, data set or reward functions handed to GRPOTrainer as Python objects:
+# they are not settings a resumed run could load, so resuming such a run needs them passed in again.
+FROM_PYTHON = "passed from Python"
 
 
 class ConfigError(ValueError):
@@ -168,8 +195,9 @@ def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
         raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
 
 
-def validate_config(cfg: GRPOConfig) -> None:
-    """Check every constrained field before any work is done. Raises ConfigError naming the option."""
+def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None) -> None:
+    """Check every constrained field before any work is done. Raises ConfigError naming the option.
+    `reward_funcs`: the functions passed in from Python, if any, which replace --reward_funcs."""
     for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
                  "max_prompt_length", "max_completion_length", "logging_steps", "logits_chunk_size"):
         _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be a positive integer")
@@ -193,16 +221,16 @@ def validate_config(cfg: GRPOConfig) -> None:
     _check(cfg.device in DEVICES, "device", cfg.device, f"choose one of {', '.join(DEVICES)}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
-    names = [n.strip() for n in cfg.reward_funcs.split(",")]
-    for n in names:
-        _check(n in REWARD_FUNCS, "reward_funcs", cfg.reward_funcs, f"choose from {', '.join(REWARD_FUNCS)}")
-    if cfg.reward_weights is not None:
-        try:
-            weights = [float(w) for w in cfg.reward_weights.split(",")]
-        except ValueError:
-            weights = []
-        _check(len(weights) == len(names), "reward_weights", cfg.reward_weights,
-               f"give {len(names)} comma-separated number(s), one per reward function")
+    # output, rewards and resume (issue 16)
+    _check(cfg.save_total_limit is None or cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit,
+           "must be >= 1 (or left out to keep every checkpoint)")
+    _check(cfg.num_completions_to_print >= 0, "num_completions_to_print", cfg.num_completions_to_print,
+           "must be >= 0")
+    if reward_funcs is None and not cfg.reward_funcs.startswith(FROM_PYTHON):
+        reward_funcs = resolve_reward_funcs(cfg.reward_funcs)  # imports dotted paths now: a typo stops the run here
+    weights = reward_weight_list(cfg.reward_weights)
+    _check(weights is None or reward_funcs is None or len(weights) == len(reward_funcs), "reward_weights",
+           cfg.reward_weights, f"give {len(reward_funcs or [])} number(s), one per reward function")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -344,6 +372,7 @@ def load_model(name: str):
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(len(tokenizer))
     else:
+        _check_model_folder(name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
             model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
@@ -353,6 +382,18 @@ def load_model(name: str):
         tokenizer.pad_token = tokenizer.eos_token
     reset_generation_config(model, tokenizer)
     return model, tokenizer
+
+
+def _check_model_folder(name: str) -> None:
+    """A --model that is meant as a folder must exist and hold something; otherwise transformers takes it for a Hub id
+    and answers with a message about repository names, or, for an empty folder, a truncated tokenizer error."""
+    path = Path(name).expanduser()
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    if looks_local and not path.exists():
+        raise ConfigError(f"--model {name!r}: no such folder")
+    if path.is_dir() and not any(path.iterdir()):
+        raise ConfigError(f"--model {name!r}: the folder is empty; it should hold what save_pretrained writes "
+                          "(config.json, the weights and the tokenizer files)")
 
 
 def reset_generation_config(model, tokenizer) -> None:
@@ -465,15 +506,42 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
             raise
         except Exception as e:
             raise ConfigError(f"--dataset {name!r} could not be read: {_root_cause(e)}") from None
-        if prompt_column not in ds.column_names:
-            raise ConfigError(f"--prompt_column {prompt_column!r} is not a column of --dataset {name!r}; "
-                              f"columns: {', '.join(ds.column_names)}")
         rows = ds.to_list()
+    return prepare_rows(rows, prompt_column, f"--dataset {name!r}")
+
+
+def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
+    """Rows (a list of dicts, or a datasets.Dataset) with the prompt under "prompt", every prompt checked."""
+    rows = rows.to_list() if hasattr(rows, "to_list") else list(rows)
     if not rows:
-        raise ConfigError(f"--dataset {name!r} has no rows")
+        raise ConfigError(f"{source} has no rows")
+    if prompt_column not in rows[0]:
+        raise ConfigError(f"--prompt_column {prompt_column!r} is not a column of {source}; "
+                          f"columns: {', '.join(rows[0])}")
     if prompt_column != "prompt":
         rows = [{**r, "prompt": r[prompt_column]} for r in rows]
+    check_prompts(rows, source)
     return rows
+
+
+def _is_chat(prompt) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
+
+
+def check_prompts(rows: list[dict], source: str) -> None:
+    """Refuse, naming the row, prompts that would otherwise crash deep inside the model or the chat template:
+    empty ones, and anything that is neither a string nor a list of {"role", "content"} messages."""
+    first_is_chat = _is_chat(rows[0]["prompt"])
+    for i, row in enumerate(rows):
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) and not _is_chat(prompt):
+            raise ConfigError(f"{source} row {i} (counting from 0): the prompt must be a string or a list of "
+                              f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}')
+        if len(prompt) == 0:
+            raise ConfigError(f"{source} row {i} (counting from 0): the prompt is empty")
+        if _is_chat(prompt) != first_is_chat:
+            raise ConfigError(f"{source} row {i} (counting from 0): mixes chat and plain-text prompts "
+                              "(row 0 is the other kind); use one kind throughout")
 
 
 class PromptSampler:
@@ -520,6 +588,41 @@ def reward_len_binary(completions: list, **kwargs) -> list[float]:
 
 
 REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary}
+
+
+def resolve_reward_funcs(spec: str) -> list[Callable]:
+    """--reward_funcs: comma-separated names of REWARD_FUNCS or importable dotted paths (my_module.my_reward)."""
+    funcs = []
+    for name in (n.strip() for n in spec.split(",")):
+        if name in REWARD_FUNCS:
+            funcs.append(REWARD_FUNCS[name])
+            continue
+        module, _, attr = name.rpartition(".")
+        _check(bool(module and attr), "reward_funcs", name,
+               f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
+        if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
+            sys.path.insert(0, os.getcwd())
+        try:
+            func = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
+            raise ConfigError(f"--reward_funcs {name!r} could not be imported: {_root_cause(e)}") from None
+        _check(callable(func), "reward_funcs", name, "is not a function")
+        funcs.append(func)
+    return funcs
+
+
+def reward_weight_list(weights) -> Optional[list[float]]:
+    """--reward_weights as a list of floats: a list (TRL's form), or the comma-separated string older runs recorded."""
+    if weights is None:
+        return None
+    try:
+        return [float(w) for w in (weights.split(",") if isinstance(weights, str) else weights)]
+    except (TypeError, ValueError):
+        raise ConfigError(f"--reward_weights {weights!r} is invalid: give one number per reward function") from None
+
+
+def func_name(func: Callable) -> str:
+    return getattr(func, "__name__", repr(func))
 
 
 def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
@@ -1071,6 +1174,17 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
 # Training loop
 # ----------------------------------------------------------------------------------------------------------------------
 
+def _check_python_objects(cfg: GRPOConfig, model, tokenizer, dataset, reward_funcs) -> None:
+    """A model comes with its tokenizer; a run whose objects were passed from Python is resumed with them again."""
+    if (model is None) != (tokenizer is None):
+        raise ConfigError("GRPOTrainer: pass model= and tokenizer= together (a model passed from Python needs the "
+                          "tokenizer that goes with it)")
+    for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
+        if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):
+            raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
+                              f"passing {name}= again")
+
+
 class GRPOTrainer:
     """Generate -> score -> buffer -> train, one optimizer step at a time. `train()` runs the whole job.
 
@@ -1080,15 +1194,23 @@ class GRPOTrainer:
 
     def __init__(self, cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
                  reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
-                 dataset: Optional[list[dict]] = None):
-        validate_config(cfg)
+                 dataset=None):
+        cfg = resume_config(cfg)  # a resumed run takes the checkpoint's settings
+        validate_config(cfg, reward_funcs)
+        _check_python_objects(cfg, model, tokenizer, dataset, reward_funcs)
         self.cfg = cfg
         self.device, self.autocast = pick_device(cfg.device)
         self.dist = Dist(self.device)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
-        self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
-                                                                         cfg.prompt_column)
+        self.dataset = prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer") \
+            if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split, cfg.prompt_column)
+        # what grpo_config.json records: the objects passed in are named, not mistaken for settings
+        self.record = {**dataclasses.asdict(cfg),
+                       **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
+                       **({"dataset": f"{FROM_PYTHON}: {len(self.dataset)} rows"} if dataset is not None else {}),
+                       **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, reward_funcs))}"}
+                          if reward_funcs else {})}
         if model is None:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
@@ -1108,14 +1230,14 @@ class GRPOTrainer:
                                                   if self.device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + self.dist.rank)  # sampling differs per rank
         self.prompt_sampler = PromptSampler(len(self.dataset), cfg.seed)
-        names = [n.strip() for n in cfg.reward_funcs.split(",")]
-        self.reward_funcs = reward_funcs or [REWARD_FUNCS[n] for n in names]
-        if reward_weights is None and cfg.reward_weights is not None:
-            reward_weights = [float(w) for w in cfg.reward_weights.split(",")]
-        self.reward_weights = reward_weights or [1.0] * len(self.reward_funcs)
+        self.reward_funcs = list(reward_funcs or resolve_reward_funcs(cfg.reward_funcs))
+        self.reward_weights = reward_weight_list(reward_weights if reward_weights is not None else cfg.reward_weights) \
+            or [1.0] * len(self.reward_funcs)
         if len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"--reward_weights gives {len(self.reward_weights)} weights for "
                               f"{len(self.reward_funcs)} reward functions")
+        if reward_weights is not None:
+            self.record["reward_weights"] = self.reward_weights
         self.buffer = make_buffer(cfg, seed=cfg.seed + self.dist.rank)  # each rank keeps its own buffer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
@@ -1132,6 +1254,8 @@ class GRPOTrainer:
         self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0}
         self.warned_none: set[str] = set()  # reward functions already named in a "returned None" warning
         self.stop_requested = 0
+        self.resumed_from: Optional[Path] = None
+        self.last_completions: list[dict] = []  # the latest generation batch, for --log_completions
 
     def _lr_factor(self, step: int) -> float:
         cfg = self.cfg
@@ -1175,6 +1299,11 @@ class GRPOTrainer:
                                               warned=self.warned_none)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
+        if cfg.log_completions:
+            self.last_completions = [
+                {"prompt": r["prompt"], "completion": t, "reward": float(rw), "advantage": float(a),
+                 **{f"rewards/{func_name(f)}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
+                for i, (r, t, rw, a) in enumerate(zip(repeated, texts, rewards, advantages))]
         batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
         batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
         n = len(rewards)
@@ -1319,9 +1448,10 @@ class GRPOTrainer:
         from tqdm.auto import tqdm
 
         cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
+        self._prepare_output_dir()
         if main:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+            (out / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
         history = []
         previous = self._install_signal_handlers()
         try:
@@ -1332,12 +1462,14 @@ class GRPOTrainer:
                     metrics = reduce_metrics(self.dist, self.train_step())
                     history.append(metrics)
                     if main:
-                        log.write(json.dumps(metrics) + "\n")  # one write per line: never torn by our own exit
+                        log.write(json_line(metrics))  # one write per line: never torn by our own exit
                         log.flush()
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
                         bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
                                         buffer=metrics["buffer_size"])
+                        if cfg.log_completions:
+                            self._log_completions(bar)
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
             if self.stop_requested:
@@ -1346,12 +1478,37 @@ class GRPOTrainer:
                     print(f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
                           file=sys.stderr)
             elif main:
-                self.model.save_pretrained(out)
-                self.tokenizer.save_pretrained(out)
+                save_model_files(self.model, self.tokenizer, out)
         finally:
             self._restore_signal_handlers(previous)
         self.dist.barrier()
+        if main and not self.stop_requested:
+            print_outputs(out)
         return history
+
+    def _prepare_output_dir(self) -> None:
+        """Where every entry point passes: a fresh run (not resumed) refuses a folder holding another run, or with
+        --overwrite_output_dir removes that run's files (only those). Resuming loads the checkpoint here."""
+        if self.resumed_from is None and self.cfg.resume_from_checkpoint is not None:
+            self.load_checkpoint(self.cfg.resume_from_checkpoint)
+        if self.resumed_from is not None:
+            return
+        check_output_dir(self.cfg)
+        if self.cfg.overwrite_output_dir and self.dist.main:
+            clear_run(self.cfg.output_dir)
+        self.dist.barrier()
+
+    def _log_completions(self, bar) -> None:
+        """Append the latest generation batch (every rank's) to completions.jsonl; print a few under the bar."""
+        rows = [{"step": self.step, **r} for part in self.dist.gather(self.last_completions) for r in part]
+        if not self.dist.main:
+            return
+        with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
+            f.write("".join(json_line(r) for r in rows))
+        for r in rows[:self.cfg.num_completions_to_print]:
+            prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
+            bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
+                      f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")  # repr: one line, whatever the text
 
     def _stop_requested(self) -> bool:
         """A signal seen by any rank stops every rank after the same step."""
@@ -1399,7 +1556,7 @@ class GRPOTrainer:
                       "scheduler": self.scheduler.state_dict(),
                       "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None}
             torch.save(shared, tmp / "trainer_state.pt")
-            (tmp / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
+            (tmp / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
         self.dist.barrier()
         own = {"generations": self.generations, "sample_uid": self.sample_uid,
                "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(),
@@ -1412,8 +1569,18 @@ class GRPOTrainer:
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
+            self._rotate_checkpoints()
         self.dist.barrier()
         return final
+
+    def _rotate_checkpoints(self) -> None:
+        """--save_total_limit N: keep the checkpoint just written and the newest N - 1 before it. Checkpoints of later
+        steps (left by an earlier attempt at this run) are not counted, so the new one is never the one removed."""
+        if self.cfg.save_total_limit is None:
+            return
+        older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
+        for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:
+            shutil.rmtree(path)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl back to the checkpoint's step."""
@@ -1454,8 +1621,17 @@ class GRPOTrainer:
         torch.set_rng_state(rng["torch"].cpu())
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        if self.cfg.max_steps < self.step:
+            raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {self.step}")
+        saved_max_steps = json.loads((path / "grpo_config.json").read_text()).get("max_steps")
+        if self.dist.main and saved_max_steps not in (None, self.cfg.max_steps):
+            print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved_max_steps}: the linear "
+                  f"learning-rate schedule now reaches 0 at step {self.cfg.max_steps}, so steps after {self.step} "
+                  "differ from the original run's", file=sys.stderr)
         if self.dist.main:
-            truncate_metrics(Path(self.cfg.output_dir) / "metrics.jsonl", self.step)
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                truncate_metrics(Path(self.cfg.output_dir) / name, self.step)
+        self.resumed_from = path
         self.dist.barrier()
 
 
@@ -1475,16 +1651,153 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def find_last_checkpoint(output_dir: str) -> Optional[Path]:
+def checkpoints(output_dir: str | Path) -> list[Path]:
+    """The checkpoint-{step} folders in output_dir, oldest first."""
     found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def find_last_checkpoint(output_dir: str) -> Optional[Path]:
+    found = checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+# --- the output folder: a run removes only what a run writes -----------------------------------------------------
+
+RUN_FILES = ("metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json")
+RUN_FOLDERS = ("checkpoint-*", ".tmp-checkpoint-*", ".tmp-model")
+
+
+def save_model_files(model, tokenizer, out: Path) -> None:
+    """save_pretrained into a temporary folder, then move each file into `out` and list the names in
+    model_files.json: the exact files written, whatever the model and tokenizer, so an overwrite removes those."""
+    tmp = out / ".tmp-model"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    names = sorted(p.name for p in tmp.iterdir())
+    for name in names:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+        (tmp / name).replace(out / name)
+    tmp.rmdir()
+    (out / "model_files.json").write_text(json.dumps(names) + "\n")
+
+
+def run_files(output_dir: str | Path) -> list[Path]:
+    """What a run wrote into output_dir, and nothing else: the paths --overwrite_output_dir removes."""
+    out = Path(output_dir)
+    found = [out / name for name in RUN_FILES] + [p for pattern in RUN_FOLDERS for p in out.glob(pattern)]
+    listed = out / "model_files.json"
+    if listed.is_file():
+        found += [out / n for n in json.loads(listed.read_text()) if n == Path(n).name]  # plain names only
+    return sorted({p for p in found if p.exists()})
+
+
+def check_output_dir(cfg: GRPOConfig) -> None:
+    """A fresh run refuses a folder that holds another run, unless --overwrite_output_dir; and an overwrite refuses
+    to start if removing the old run's files would remove the data set this run is about to read."""
+    out = Path(cfg.output_dir)
+    if (out / "metrics.jsonl").exists() and not cfg.overwrite_output_dir:
+        raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
+                          "replace it, --resume_from_checkpoint last to continue it, or another --output_dir")
+    data = Path(cfg.dataset).resolve() if cfg.dataset != "builtin" and Path(cfg.dataset).exists() else None
+    for path in run_files(out) if cfg.overwrite_output_dir and data is not None else []:
+        path = path.resolve()
+        if path == data or path in data.parents or data in path.parents:
+            raise ConfigError(f"--overwrite_output_dir would remove {str(path)!r}, which holds --dataset "
+                              f"{cfg.dataset!r}; move the data set out of the run's files or use another --output_dir")
+
+
+def clear_run(output_dir: str | Path) -> None:
+    for path in run_files(output_dir):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def json_line(row: dict) -> str:
+    """One line of strict JSON: NaN and infinities (a reward no function scored, say) become null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"
+
+
+def print_outputs(out: Path) -> None:
+    """The end of a run: where its model, metrics and pictures are."""
+    print(f"model and tokenizer: {out}/ (from_pretrained({str(out)!r}) loads them)")
+    for name, what in (("metrics.jsonl", "metrics"), ("metrics.png", "picture"), ("completions.jsonl", "completions")):
+        if (out / name).is_file():
+            print(f"{what}: {out / name}")
+
+
+# --- resume: a checkpoint knows its run ----------------------------------------------------------------------------
+
+# What may differ from the checkpoint's own settings on resume: where and how often it saves and logs, how long it
+# runs (the linear schedule then changes from the checkpoint's step on), and where and how fast it computes.
+RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
+                     "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
+                     "device", "logits_chunk_size")
+
+
+def checkpoint_path(cfg: GRPOConfig) -> Optional[Path]:
+    """The checkpoint folder --resume_from_checkpoint names ('last': the newest in --output_dir), or None."""
+    resume = cfg.resume_from_checkpoint
+    if resume is None:
+        return None
+    if resume == "last":
+        found = find_last_checkpoint(cfg.output_dir)
+        if found is None:
+            raise ConfigError(f"--resume_from_checkpoint last: no checkpoint-* folder in --output_dir {cfg.output_dir!r}")
+        return found
+    if not Path(resume).is_dir():
+        raise ConfigError(f"--resume_from_checkpoint {resume!r}: no such folder")
+    if not (Path(resume) / "grpo_config.json").is_file():
+        raise ConfigError(f"--resume_from_checkpoint {resume!r} is not a checkpoint folder (no grpo_config.json)")
+    return Path(resume)
+
+
+def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
+    """The settings a resumed run trains with: the checkpoint's own (its grpo_config.json) and its own folder.
+
+    `given` names the options the user set: the CLI knows them from the command line; from Python they are the
+    fields that differ from GRPOConfig's defaults. A given option may differ from the checkpoint's only if it is in
+    RESUME_MAY_CHANGE; any other difference is refused, as is resuming into a folder that holds another run.
+    """
+    path = checkpoint_path(cfg)
+    if path is None or getattr(cfg, "resolved_from_checkpoint", False):
+        return cfg
+    saved = json.loads((path / "grpo_config.json").read_text())
+    defaults = GRPOConfig()
+    given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)} \
+        if given is None else given
+    values = {}
+    for f in dataclasses.fields(cfg):
+        ours = getattr(cfg, f.name)
+        if f.name not in saved or (f.name in given and f.name in RESUME_MAY_CHANGE):  # newer field, or a safe change
+            values[f.name] = ours
+        elif f.name in given and ours != saved[f.name]:
+            raise ConfigError(f"--{f.name} {ours!r} conflicts with the checkpoint's {saved[f.name]!r} "
+                              f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device "
+                              "and --logits_chunk_size may change")
+        else:
+            values[f.name] = saved[f.name]
+    own = path.resolve().parent
+    values.update(resume_from_checkpoint=str(path), output_dir=cfg.output_dir if "output_dir" in given else str(own))
+    if Path(values["output_dir"]).resolve() != own and (Path(values["output_dir"]) / "metrics.jsonl").exists():
+        raise ConfigError(f"--output_dir {values['output_dir']!r} holds another run; --resume_from_checkpoint "
+                          f"{str(path)!r} belongs to the run in {str(own)!r}: resume it there, or into an empty folder")
+    resolved = GRPOConfig(**values)
+    resolved.resolved_from_checkpoint = True  # not a field: resolving again (run, then GRPOTrainer) changes nothing
+    return resolved
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # main: parse, validate before any work, train.
 # ----------------------------------------------------------------------------------------------------------------------
 
-def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
+def _parser(given_only: bool = False):
+    """The CLI, generated from GRPOConfig. given_only: every default is left out, so parsing returns only the
+    options the user actually wrote (which a resume must tell apart from the checkpoint's settings)."""
+    import argparse
+
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
@@ -1493,40 +1806,47 @@ def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
             sys.exit(2)
 
     parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0])
-    (cfg,) = parser.parse_args_into_dataclasses(args=argv)
-    return cfg
+    for action in parser._actions:
+        name = action.option_strings[0][len("--no_"):] if action.option_strings else ""
+        if action.option_strings[:1] == [f"--no_{name}"] and name in NO_FLAG_HELP:
+            action.help = NO_FLAG_HELP[name]
+        if given_only:
+            action.default = argparse.SUPPRESS
+    return parser
+
+
+def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
+    """The config the command line means. With --resume_from_checkpoint, the checkpoint's settings fill in every
+    option not written on the command line (raises ConfigError on a conflict)."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = _parser()
+    cfg, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        flags = [s for a in parser._actions for s in a.option_strings[:1] if s.startswith("--")]
+        close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1)
+        parser.error(f"unknown option {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
+    given = set(vars(_parser(given_only=True).parse_known_args(argv)[0]))
+    return resume_config(cfg, given)
 
 
 def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
-    """Validate, prepare the output folder, build the trainer, resume if asked, and train."""
-    validate_config(cfg)
-    out = Path(cfg.output_dir)
-    resume = cfg.resume_from_checkpoint
-    if resume == "last":
-        found = find_last_checkpoint(cfg.output_dir)
-        if found is None:
-            raise ConfigError(f"--resume_from_checkpoint last: no checkpoint-* folder in --output_dir {cfg.output_dir!r}")
-        resume = str(found)
-    if resume is not None and not Path(resume).is_dir():
-        raise ConfigError(f"--resume_from_checkpoint {resume!r}: no such folder")
-    if resume is None and (out / "metrics.jsonl").exists():
-        if not cfg.overwrite_output_dir:
-            raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
-                              "replace it, --resume_from_checkpoint last to continue it, or another --output_dir")
-        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one rank clears the folder
-            shutil.rmtree(out, ignore_errors=True)
+    """Validate, resume if asked (with the checkpoint's settings), build the trainer and train.
+
+    The checks run here first as well, so that a mistake costs no time loading a model.
+    """
+    cfg = resume_config(cfg)
+    validate_config(cfg, trainer_kwargs.get("reward_funcs"))
+    if cfg.resume_from_checkpoint is None:
+        check_output_dir(cfg)
     trainer = GRPOTrainer(cfg, **trainer_kwargs)
     if trainer.dist.main:
-        print(json.dumps(dataclasses.asdict(cfg)), flush=True)
-    if resume is not None:
-        trainer.load_checkpoint(resume)
+        print(json.dumps(trainer.record), flush=True)
     return trainer.train()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    cfg = parse_args(argv)
     try:
-        run(cfg)
+        run(parse_args(argv))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
