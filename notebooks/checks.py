@@ -133,19 +133,20 @@ def _04_3(fn):
 
 def _04_4(fn):
     g = torch.Generator().manual_seed(0)
-    logp = torch.randn(5, 7, generator=g, dtype=torch.float64) * 0.1 - 2
-    old = logp + torch.randn(5, 7, generator=g, dtype=torch.float64) * 0.1
-    adv = torch.randn(5, generator=g, dtype=torch.float64)
-    lengths = torch.tensor([7, 1, 3, 5, 2])
-    mask = (torch.arange(7)[None] < lengths[:, None]).long()
+    logp = torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1 - 2
+    old = logp + torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    mask = (torch.arange(7)[None] < torch.tensor([7, 1, 3, 5, 2, 6])[:, None]).long()
     ratio = (logp - old).exp()
-    per_token_loss = -torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None])
-    got = _tensor_fn(fn, per_token_loss * mask, mask)
+    per_token_loss = -torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None]) * mask
+    parts = [slice(0, 2), slice(2, 6)]  # two micro-batches of unequal token counts (8 and 16)
+    got = fn([per_token_loss[p] for p in parts], [mask[p] for p in parts])
     if got is None:
         return None
-    want, _ = grpo_ssr.grpo_loss(logp, old, adv, mask, loss_type="grpo")
-    _close(got, want.item(), 1e-6, "loss_type 'grpo': average each sequence over its own tokens, then average "
-                                   "over the sequences.")
+    assert len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}"
+    want, _ = grpo_ssr.grpo_loss(logp, old, adv, mask, loss_type="dapo")  # the one big batch
+    _close(sum(torch.as_tensor(x, dtype=torch.float64) for x in got), want.item(), 1e-6,
+           "The micro-batch losses must add up to the big batch's: every token of the step weighs the same.")
     return True
 
 

@@ -35,7 +35,7 @@ WRONG = {
     "04.1": ((1.5, 1.0), (-1.5, -1.0)),                  # ignored the clip
     "04.2": 1.0,                                         # log pi - log pi_ref, the k1 term
     "04.3": lambda x, mask, dim=None: (x * mask).mean() if dim is None else (x * mask).mean(dim),  # pads counted
-    "04.4": lambda loss, mask: (loss * mask).sum() / mask.sum(),                                     # bnpo instead
+    "04.4": lambda losses, masks: [(l * m).sum() / m.sum() / len(masks) for l, m in zip(losses, masks)],  # bnpo
 }
 
 

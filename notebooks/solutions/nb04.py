@@ -21,9 +21,11 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-# 04.4: loss_type "grpo": each sequence's mean over its own tokens, then the mean over sequences.
-def sequence_mean_loss(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_mean(per_token_loss, mask, dim=1).mean()
+# 04.4: dapo under gradient accumulation: divide every micro-batch by the token count of the whole step, so the summed
+# gradients equal one big batch's (dividing each by its own count, bnpo, weighs the tokens of a short micro-batch more).
+def dapo_micro_batch_losses(per_token_losses: list, masks: list) -> list:
+    step_tokens = sum(m.sum() for m in masks).clamp(min=1)
+    return [(loss * m).sum() / step_tokens for loss, m in zip(per_token_losses, masks)]
 
 
-ANSWERS = {"04.1": objective_4_1, "04.2": k3_4_2, "04.3": masked_mean, "04.4": sequence_mean_loss}
+ANSWERS = {"04.1": objective_4_1, "04.2": k3_4_2, "04.3": masked_mean, "04.4": dapo_micro_batch_losses}
