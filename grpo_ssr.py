@@ -1457,7 +1457,7 @@ class GRPOTrainer:
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
-                         **({} if main else {"disable": True})) as bar:  # rank 0 honours TQDM_DISABLE
+                         disable=not main or _tqdm_disabled()) as bar:
                 while self.step < cfg.max_steps and not self._stop_requested():
                     metrics = reduce_metrics(self.dist, self.train_step())
                     history.append(metrics)
@@ -1633,6 +1633,11 @@ class GRPOTrainer:
                 truncate_metrics(Path(self.cfg.output_dir) / name, self.step)
         self.resumed_from = path
         self.dist.barrier()
+
+
+def _tqdm_disabled() -> bool:
+    """TQDM_DISABLE, read here because tqdm's notebook bar (what tqdm.auto picks in Jupyter) ignores it."""
+    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:

@@ -190,3 +190,133 @@ def test_run_study_writes_what_notebook_05_reads(tmp_path, capsys):
         assert {"reward_last", "completion_length_last", "generation_batches"} <= set(run["final"])
     committed = json.loads((NOTEBOOK_DIR / "results" / "study.json").read_text())
     assert set(committed["runs"][0]["binned"]) == set(study["runs"][0]["binned"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Run anywhere: the Colab badge, the first cell, clean outputs
+# ----------------------------------------------------------------------------------------------------------------------
+
+def code_sources(path: Path) -> list[str]:
+    nb = json.loads(path.read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def first_cell() -> str:
+    return code_sources(NOTEBOOKS[0])[0]
+
+
+def repo_slug() -> str:
+    """The repository (owner/name) that the first cell fetches from: the one placeholder to change for a fork."""
+    line = next(l for l in first_cell().splitlines() if l.startswith("REPO = "))
+    return line.split('"')[1]
+
+
+def test_every_notebook_starts_with_the_same_run_anywhere_cell():
+    cell = first_cell()
+    assert "from course_setup import setup" in cell and "GRPO_SSR_RAW" in cell
+    different = [p.name for p in NOTEBOOKS if code_sources(p)[0] != cell]
+    assert not different, f"these notebooks' first code cell differs from {NOTEBOOKS[0].name}'s: {different}"
+
+
+def test_colab_badges_in_every_notebook_and_in_the_readme():
+    slug, readme = repo_slug(), (ROOT / "README.md").read_text()
+    for path in NOTEBOOKS:
+        url = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
+        nb = json.loads(path.read_text())
+        assert url in "".join(nb["cells"][0]["source"]), f"{path.name}: no Colab badge ({url}) in its first cell"
+        assert url in readme, f"README.md: no Colab badge for {path.name}"
+    assert f"https://github.com/{slug}" in readme  # the placeholder is stated once in the README's prose
+
+
+def test_committed_outputs_have_no_widgets():
+    for path in NOTEBOOKS:
+        text = path.read_text()
+        assert "application/vnd.jupyter.widget-view+json" not in text, f"{path.name}: a widget (tqdm bar) in outputs"
+
+
+def test_tqdm_disable_reaches_the_progress_bar(tmp_path, monkeypatch):
+    """tqdm.auto picks the notebook bar in Jupyter, and that one ignores TQDM_DISABLE: train() must pass it on."""
+    import tqdm.auto
+
+    from conftest import small_config
+
+    seen = []
+
+    class Recorder(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            if kwargs.get("desc") == "GRPO":  # not the bars of transformers' own saving
+                seen.append(kwargs.get("disable"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    for value, expected in (("1", True), ("", False)):
+        monkeypatch.setenv("TQDM_DISABLE", value)
+        grpo_ssr.run(small_config(tmp_path / value, max_steps=1))
+        assert seen[-1] is expected
+
+
+def _remote_copy(tmp_path: Path, broken: bool = False) -> str:
+    """A stand-in for the repository's raw URL: the course files copied into a folder, served as file://."""
+    import course_setup
+
+    remote = tmp_path / "remote"
+    for name in course_setup.COURSE_FILES:
+        (remote / name).parent.mkdir(parents=True, exist_ok=True)
+        (remote / name).write_bytes((ROOT / name).read_bytes())
+    if broken:
+        (remote / "grpo_ssr.py").write_text("import a_module_that_does_not_exist\n")
+    return remote.as_uri()
+
+
+def _run_first_cell_in(folder: Path, raw_url: str, then: str):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(first_cell()), nbformat.v4.new_code_cell(then)])
+    env = {"GRPO_SSR_RAW": raw_url, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(folder)}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return nb.cells
+
+
+sys.path.insert(0, str(NOTEBOOK_DIR))
+import os  # noqa: E402
+
+
+@pytest.mark.slow
+def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
+    """A kernel started outside the repository, with the network replaced by a local copy: the cell fetches
+    grpo_ssr.py and the course files, and `import grpo_ssr` then works (from the fetched copy)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    cells = _run_first_cell_in(bare, _remote_copy(tmp_path), "import grpo_ssr, checks\nprint(grpo_ssr.__file__)")
+    text = "".join(o.get("text", "") for c in cells for o in c.outputs)
+    errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    assert "fetched grpo_ssr.py" in text and "torch" in text and "device" in text
+    assert str(bare / "grpo_ssr.py") in text
+    assert (bare / "notebooks" / "results" / "study.json").is_file()
+
+
+@pytest.mark.slow
+def test_first_cell_fails_with_one_line_when_the_import_fails(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    cells = _run_first_cell_in(bare, _remote_copy(tmp_path, broken=True), "print('not reached')")
+    error = next(o for o in cells[0].outputs if o.output_type == "error")
+    assert error.ename == "SetupError" and len(error.traceback) == 1
+    assert "import grpo_ssr failed" in error.traceback[0] and "a_module_that_does_not_exist" in error.traceback[0]
+
+
+def test_missing_requirements_names_what_to_install():
+    import course_setup
+
+    assert course_setup.missing_requirements() == []  # this environment has everything
+    assert course_setup.missing_requirements({"torch": ("torch", (99, 0)), "no-such-package-xyz": ("x", (1, 0))}) \
+        == ["torch>=99.0", "no-such-package-xyz>=1.0"]

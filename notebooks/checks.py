@@ -1,0 +1,164 @@
+"""The checks behind the notebooks' exercises: `check("02.2", your_answer)`.
+
+A check prints whether the answer is right; a wrong answer raises AssertionError with a hint; `None` (or a function
+that still returns None) means "not answered yet". Number answers are compared with stored references or hashes and
+functions are tested on hand-computed cases and properties, so no check cell shows the solution. The solutions live in
+notebooks/solutions/, and tests/test_exercises.py runs every check against them and against wrong answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Callable
+
+import torch
+
+import grpo_ssr
+
+
+def _digest(value: Any) -> str:
+    """A short hash of a JSON-able answer (integral floats count as ints)."""
+    norm = json.loads(json.dumps(value), parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s))
+    return hashlib.sha256(json.dumps(norm).encode()).hexdigest()[:16]
+
+
+def _close(answer, expected, tol: float, hint: str) -> None:
+    got = torch.as_tensor(answer, dtype=torch.float64).flatten()
+    want = torch.as_tensor(expected, dtype=torch.float64).flatten()
+    assert got.shape == want.shape and torch.allclose(got, want, atol=tol, rtol=0), f"not quite: {answer}. {hint}"
+
+
+def _same_hash(answer, digest: str, hint: str) -> None:
+    assert _digest(answer) == digest, f"not quite: {answer}. {hint}"
+
+
+def _tensor_fn(fn: Callable, *args) -> torch.Tensor | None:
+    out = fn(*args)
+    return None if out is None else torch.as_tensor(out, dtype=torch.float64)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 01 · generation and reward
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _01_1(answer):
+    _same_hash(int(answer), "6b51d431df5d7f14", "Count bytes, not characters: how many bytes is ï in UTF-8?")
+
+
+def _01_2(answer):
+    _same_hash([[int(v) for v in row] for row in answer], "1dc894461d897b29",
+               "Compare row by row with the rule 'up to and including the first EOS'.")
+
+
+def _01_3(answer):
+    _close(answer, (0.8668133321973227, 0.9999999979388464), 1e-4,
+           "softmax(logits / T): divide first, then normalise; a small T sharpens.")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 02 · group advantages
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _02_1(answer):
+    _close(answer, 0.3 ** 4 + 0.7 ** 4, 1e-3, "A group has zero spread when all succeed or all fail.")
+
+
+def _02_2(fn):
+    r = torch.tensor([1., 0., 0., 0., 3., 1., 2., 2.])
+    got = _tensor_fn(fn, r, 4)
+    if got is None:
+        return None
+    assert got.shape == (8,), f"expected one advantage per completion, shape (8,), got {tuple(got.shape)}"
+    _close(got, [1, -1 / 3, -1 / 3, -1 / 3, 4 / 3, -4 / 3, 0, 0], 1e-5,
+           "A_i = r_i - mean of the OTHER G - 1 rewards of its group; groups are contiguous blocks of G.")
+    x = torch.randn(24, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    unscaled = grpo_ssr.group_advantages(x, 6, scale_rewards=False)
+    _close(_tensor_fn(fn, x, 6), unscaled * 6 / 5, 1e-5, "It should work for any group size G.")
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 03 · replay buffers
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _03_1(answer):
+    _close(answer, (0.5, 2 / 3), 1e-3, "P(i) = |A_i|^alpha / sum_j |A_j|^alpha.")
+
+
+def _03_2(answer):
+    _close(answer, (8 / 3, 3.0), 1e-3, "ESS = 1 / sum_i P(i)^2, with the P(i) of the previous exercise (alpha = 1).")
+
+
+def _03_3(fn):
+    adv = torch.tensor([2.0, -1.0, 1.0, 0.5, 0.0])
+    age = torch.tensor([0.0, 1.0, 2.0, 0.0, 0.0])
+    got = _tensor_fn(fn, adv, age, 1.0, 2.0)
+    if got is None:
+        return None
+    w = torch.tensor([2.0, math.exp(-0.5), math.exp(-1.0), 0.5, 0.0], dtype=torch.float64)
+    _close(got, w / w.sum(), 1e-6, "priority = |A|^alpha * exp(-age / tau), then divide by the sum.")
+    buffer = grpo_ssr.SSRReplayBuffer(capacity=4, alpha=2.0)
+    buffer.add([{"advantages": a} for a in adv[:4]])
+    _close(_tensor_fn(fn, adv[:4], torch.zeros(4), 2.0, math.inf), buffer.probabilities(), 1e-6,
+           "With tau = inf (no decay) it should give SSRReplayBuffer's probabilities for the same alpha.")
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 04 · the GRPO loss
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _04_1(answer):
+    _close(answer, ((1.2, 0.0), (-1.5, -1.0)), 1e-6,
+           "min(rho * A, clip(rho) * A): which branch is smaller? The clipped branch does not depend on rho.")
+
+
+def _04_2(answer):
+    _close(answer, math.exp(-1.0), 1e-5, "k3 = exp(d) - d - 1 with d = log pi_ref - log pi.")
+
+
+def _04_3(fn):
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    got = _tensor_fn(fn, x, mask)
+    if got is None:
+        return None
+    _close(got, 29 / 6, 1e-6, "With dim=None: the mean over every entry whose mask is 1 (here 6 of them).")
+    _close(_tensor_fn(fn, x, mask, 1), [1.5, 6.5, 0.0], 1e-6,
+           "With dim=1: one mean per row; a row without any mask-1 entry gives 0, not NaN.")
+    return True
+
+
+def _04_4(fn):
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1 - 2
+    old = logp + torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    mask = (torch.arange(7)[None] < torch.tensor([7, 1, 3, 5, 2, 6])[:, None]).long()
+    ratio = (logp - old).exp()
+    per_token_loss = -torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None]) * mask
+    parts = [slice(0, 2), slice(2, 6)]  # two micro-batches of unequal token counts (8 and 16)
+    got = fn([per_token_loss[p] for p in parts], [mask[p] for p in parts])
+    if got is None:
+        return None
+    assert len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}"
+    want, _ = grpo_ssr.grpo_loss(logp, old, adv, mask, loss_type="dapo")  # the one big batch
+    _close(sum(torch.as_tensor(x, dtype=torch.float64) for x in got), want.item(), 1e-6,
+           "The micro-batch losses must add up to the big batch's: every token of the step weighs the same.")
+    return True
+
+
+CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.1": _02_1, "02.2": _02_2,
+                               "03.1": _03_1, "03.2": _03_2, "03.3": _03_3,
+                               "04.1": _04_1, "04.2": _04_2, "04.3": _04_3, "04.4": _04_4}
+
+
+def check(exercise: str, answer) -> bool:
+    """Print whether `answer` solves `exercise`; raise AssertionError if it does not. False when not answered yet."""
+    if answer is None or (CHECKS[exercise](answer) is None and callable(answer)):  # a function that returns None
+        print(f"exercise {exercise}: not answered yet")
+        return False
+    print(f"exercise {exercise}: correct")
+    return True

@@ -1,0 +1,106 @@
+"""What the first cell of every notebook runs, so that a notebook works wherever it is opened.
+
+- In the repository (the notebook's folder or its parent holds grpo_ssr.py) nothing is fetched or installed.
+- Anywhere else (Colab, a bare Jupyter kernel) the course files are downloaded from the repository into the current
+  folder, laid out as in the repository, and the packages that are missing or too old are installed with pip.
+
+Then the versions that matter are printed, and if `import grpo_ssr` still fails the cell stops with one line that
+says why. The repository's address is written once in that cell (and once in the README); the environment variable
+GRPO_SSR_RAW replaces it (the tests point it at a local copy, with a file:// URL).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/results/study.json")
+# pip name -> (import name, lowest major.minor); mirrors requirements.txt
+REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),
+                "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8))}
+
+
+class SetupError(Exception):
+    """Shown by IPython as its one-line message, without a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"SetupError: {self}"]
+
+
+def find_root(here: Path) -> Path | None:
+    """The repository folder: the notebook's own folder or its parent, whichever holds grpo_ssr.py."""
+    return next((p for p in (here, here.parent) if (p / "grpo_ssr.py").is_file()), None)
+
+
+def fetch(base: str, dest: Path) -> list[str]:
+    """Download each course file that `dest` does not hold yet; return the ones downloaded."""
+    got = []
+    for name in COURSE_FILES:
+        target = dest / name
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            urllib.request.urlretrieve(f"{base.rstrip('/')}/{name}", target)
+        except OSError as e:
+            raise SetupError(f"could not download {name} from {base}: {e}") from None
+        got.append(name)
+    return got
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = [int("".join(ch for ch in p if ch.isdigit()) or 0) for p in version.split(".")[:2]]
+    return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+
+def missing_requirements(requirements: dict = REQUIREMENTS) -> list[str]:
+    """pip specifiers for the packages that are absent or older than required."""
+    out = []
+    for pip_name, (_, lowest) in requirements.items():
+        try:
+            ok = _major_minor(importlib.metadata.version(pip_name)) >= lowest
+        except importlib.metadata.PackageNotFoundError:
+            ok = False
+        if not ok:
+            out.append(f"{pip_name}>={lowest[0]}.{lowest[1]}")
+    return out
+
+
+def setup(base: str, here: Path | None = None) -> Path:
+    """Make `import grpo_ssr` work (fetching from `base` and installing only outside the repository); return the
+    repository's root folder (the current folder outside it)."""
+    here = Path.cwd() if here is None else here
+    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress-bar widgets in the notebooks' outputs
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the course needs nothing from the Hub
+    root = find_root(here)
+    if root is None:  # Colab or a bare kernel
+        root = here
+        got = fetch(base, root)
+        if got:
+            print("fetched", ", ".join(got), "from", base)
+        missing = missing_requirements()
+        if missing:
+            print("installing", " ".join(missing))
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=False)
+            importlib.invalidate_caches()
+    for path in (root / "notebooks", root):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    try:
+        import grpo_ssr  # noqa: F401
+    except Exception as e:
+        raise SetupError(f"import grpo_ssr failed ({type(e).__name__}: {e}); "
+                         f"install the packages of requirements.txt and rerun this cell") from None
+    import torch
+    import transformers
+
+    device, _ = grpo_ssr.pick_device()
+    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    return root

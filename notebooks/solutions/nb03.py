@@ -1,0 +1,22 @@
+"""Notebook 03 · replay buffers and repad: solutions."""
+
+import torch
+
+adv = torch.tensor([2.0, -1.0, 1.0])
+
+# 03.1: P(first) = |2|^alpha / sum |A|^alpha, for alpha = 1 and 2.
+probs_3_1 = tuple((adv.abs() ** a / (adv.abs() ** a).sum())[0].item() for a in (1.0, 2.0))
+
+# 03.2: ESS = 1 / sum P^2 at alpha = 1; with equal magnitudes every P is 1/3 and the ESS is the size, 3.
+p = adv.abs() / adv.abs().sum()
+ess_3_2 = ((1 / (p ** 2).sum()).item(), 3.0)
+
+
+# 03.3: a freshness-aware SSR priority, |A|^alpha * exp(-age / tau) (as in arXiv 2604.16918), normalised.
+def aged_probabilities(advantages: torch.Tensor, ages: torch.Tensor, alpha: float, tau: float) -> torch.Tensor:
+    priority = advantages.abs().double() ** alpha * torch.exp(-ages.double() / tau)  # (N,)
+    priority = torch.where(advantages == 0, 0.0, priority)  # 0 ** 0 is 1: a zero advantage still gets no draw
+    return priority / priority.sum()
+
+
+ANSWERS = {"03.1": probs_3_1, "03.2": ess_3_2, "03.3": aged_probabilities}

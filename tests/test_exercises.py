@@ -1,0 +1,81 @@
+"""The exercises' checks (notebooks/checks.py): each accepts its solution (notebooks/solutions/), rejects a wrong
+answer, and reports an unanswered one as such; and every check is used by a notebook."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "notebooks"))
+
+import checks  # noqa: E402
+import solutions  # noqa: E402
+from solutions import nb02, nb03, nb04  # noqa: E402
+
+
+def _plain_mean_baseline(rewards, num_generations):  # forgets to leave the sample out
+    g = rewards.view(-1, num_generations)
+    return (g - g.mean(1, keepdim=True)).view(-1)
+
+
+WRONG = {
+    "01.1": 11,                                          # characters, not bytes
+    "01.2": [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]],  # kept the second EOS
+    "01.3": (0.6652, 0.9999),                            # softmax(logits) at T = 1 for the first
+    "02.1": 0.7 ** 4,                                    # forgot the all-success groups
+    "02.2": _plain_mean_baseline,
+    "03.1": (0.5, 0.5),
+    "03.2": (3.0, 3.0),
+    "03.3": lambda adv, age, alpha, tau: nb03.aged_probabilities(adv, age * 0, alpha, tau),  # no decay
+    "04.1": ((1.5, 1.0), (-1.5, -1.0)),                  # ignored the clip
+    "04.2": 1.0,                                         # log pi - log pi_ref, the k1 term
+    "04.3": lambda x, mask, dim=None: (x * mask).mean() if dim is None else (x * mask).mean(dim),  # pads counted
+    "04.4": lambda losses, masks: [(l * m).sum() / m.sum() / len(masks) for l, m in zip(losses, masks)],  # bnpo
+}
+
+
+def test_every_check_has_a_solution_and_a_wrong_answer():
+    assert set(checks.CHECKS) == set(solutions.ANSWERS) == set(WRONG)
+
+
+@pytest.mark.parametrize("exercise", sorted(checks.CHECKS))
+def test_check_accepts_the_solution(exercise, capsys):
+    assert checks.check(exercise, solutions.ANSWERS[exercise]) is True
+    assert f"exercise {exercise}: correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise", sorted(checks.CHECKS))
+def test_check_rejects_a_wrong_answer(exercise):
+    with pytest.raises(AssertionError, match="not quite"):
+        checks.check(exercise, WRONG[exercise])
+
+
+@pytest.mark.parametrize("exercise", sorted(checks.CHECKS))
+def test_check_reports_an_unanswered_exercise(exercise, capsys):
+    unanswered = (lambda *args, **kwargs: None) if callable(solutions.ANSWERS[exercise]) else None
+    assert checks.check(exercise, unanswered) is False
+    assert "not answered yet" in capsys.readouterr().out
+
+
+def test_solutions_behave_beyond_the_checked_cases():
+    """The solutions are the reference a teacher hands out: a few more properties than the checks test."""
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert torch.allclose(nb02.leave_one_out_advantages(r, 4), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    p = nb03.aged_probabilities(torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), 1.0, 1.0)
+    assert torch.allclose(p, torch.tensor([1.0, torch.e ** -1.0], dtype=torch.float64) / (1 + torch.e ** -1.0))
+    assert nb04.masked_mean(torch.ones(2, 3), torch.zeros(2, 3), dim=1).tolist() == [0.0, 0.0]
+
+
+def test_every_check_is_used_by_its_notebook():
+    used = set()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        for cell in nb["cells"]:
+            src = "".join(cell["source"])
+            used |= {e for e in checks.CHECKS if f'checks.check("{e}"' in src and path.name.startswith(e[:2])}
+    assert used == set(checks.CHECKS), f"checks no notebook calls: {sorted(set(checks.CHECKS) - used)}"
