@@ -72,6 +72,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {"ReplayBuffer": "ReplayBuffer", "uniform": "ReplayBuffer",
                   "SSRReplayBuffer": "SSRReplayBuffer", "ssr": "SSRReplayBuffer"}
 DEVICES = ("auto", "cpu", "cuda")
+SSR_MODES = ("replace", "fill")
 
 
 def _opt(default, help: str):
@@ -127,6 +128,15 @@ class GRPOConfig:
                                                        "draw by |A|^alpha. ReplayBuffer (or uniform): plain GRPO.")
     ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
     ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha. 0 is uniform over the stored samples.")
+    ssr_mode: str = _opt("replace", "How SSR builds a step's batch. replace (the TRL pull request's): every "
+                                     "micro-batch is drawn from the buffer. fill (the paper's released code): every "
+                                     "fresh non-zero-advantage sample trains, and buffer draws take only the slots of "
+                                     "zero-advantage ones. replace until the study in notebook 05 decides.")
+    ssr_max_age: Optional[int] = _opt(None, "SSR: a sample more than this many optimizer steps old is never drawn and "
+                                            "is evicted. Off by default (capacity alone bounds the age); with "
+                                            "--ssr_mode fill, 0 is the paper's Filter (only the current batch).")
+    ssr_age_decay: float = _opt(0.0, "SSR: multiply the priority by exp(-age / this), age in optimizer steps "
+                                     "(freshness-aware replay). 0 turns the decay off, the paper's plain |A|^alpha.")
     max_generation_retries: int = _opt(3, "With SSR, how many extra generation batches to try when the buffer is "
                                           "empty because every group had zero reward spread; then the step is skipped.")
     # --- efficiency
@@ -187,6 +197,11 @@ def validate_config(cfg: GRPOConfig) -> None:
             weights = []
         _check(len(weights) == len(names), "reward_weights", cfg.reward_weights,
                f"give {len(names)} comma-separated number(s), one per reward function")
+    # SSR's batch mode and sample freshness
+    _check(cfg.ssr_mode in SSR_MODES, "ssr_mode", cfg.ssr_mode, f"choose one of {', '.join(SSR_MODES)}")
+    _check(cfg.ssr_max_age is None or cfg.ssr_max_age >= 0, "ssr_max_age", cfg.ssr_max_age,
+           "must be >= 0 (optimizer steps), or left unset for no age limit")
+    _check(cfg.ssr_age_decay >= 0, "ssr_age_decay", cfg.ssr_age_decay, "must be >= 0 (0 turns the decay off)")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -861,19 +876,40 @@ class ReplayBuffer:
         self.queue, self.queue_pos = state["queue"], state["queue_pos"]
 
 
-class SSRReplayBuffer(ReplayBuffer):
-    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement, P(i) ~ |A_i|^alpha.
+def replay_priorities(abs_adv: torch.Tensor, age: torch.Tensor, alpha: float, age_decay: float = 0.0,
+                      max_age: Optional[int] = None) -> torch.Tensor:
+    """SSR's unnormalised draw weights: |A|^alpha * exp(-age / age_decay), and 0 past max_age. (N,), (N,) -> (N,).
 
-    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored.
-    The priorities live in one tensor beside the ring, so a draw is a single torch.multinomial.
+    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest sample, which rescales every
+    weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
+    """
+    weights = abs_adv.double() ** alpha
+    if age_decay > 0:
+        weights = weights * torch.exp(-(age - age.min()).double() / age_decay)
+    if max_age is not None:
+        weights = torch.where(age > max_age, 0.0, weights)
+    return weights
+
+
+class SSRReplayBuffer(ReplayBuffer):
+    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement,
+    P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), never older than max_age.
+
+    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored. Ages
+    are optimizer steps since a sample was generated (its `step`), against the step the trainer is on (`advance_to`).
+    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A| and the birth step live in
+    tensors beside the ring (0 for an empty slot), so a draw is a single torch.multinomial over the slots.
     """
 
-    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0):
+    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
+                 age_decay: float = 0.0):
         super().__init__(capacity, seed)
         if alpha < 0:
             raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
-        self.alpha = alpha
-        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot
+        self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
+        self.abs_adv = torch.zeros(capacity, dtype=torch.float64)  # |A| per slot, 0 when the slot is empty
+        self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
+        self.now = 0  # the optimizer step being trained; ages are counted against it
         self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
 
     def add(self, samples: list[dict]) -> None:
@@ -882,40 +918,71 @@ class SSRReplayBuffer(ReplayBuffer):
             if adv == 0.0:
                 self.rejected += 1
                 continue
-            self.priorities[self.next_slot] = adv ** self.alpha
+            self.abs_adv[self.next_slot], self.born[self.next_slot] = adv, s.get("step", self.now)
             self._store(s)
 
+    def advance_to(self, step: int) -> None:
+        """Move the buffer's clock to optimizer step `step` and evict every sample older than max_age.
+
+        Samples arrive in step order, so the too-old ones are the oldest: they leave from the tail of the ring."""
+        self.now = step
+        while self.max_age is not None and self.size and step - self.born[self._oldest()] > self.max_age:
+            oldest = self._oldest()
+            self.slots[oldest], self.abs_adv[oldest] = None, 0.0
+            self.size -= 1
+
+    def _oldest(self) -> int:
+        return (self.next_slot - self.size) % self.capacity
+
+    def _held(self) -> torch.Tensor:
+        """Slot indices of the stored samples, oldest first. (size,)"""
+        return (self.next_slot - self.size + torch.arange(self.size)) % self.capacity
+
+    def _weights(self) -> torch.Tensor:
+        """Draw weight of every slot (0 for empty slots). (capacity,)"""
+        weights = torch.zeros(self.capacity, dtype=torch.float64)
+        held = self._held()
+        if len(held):
+            weights[held] = replay_priorities(self.abs_adv[held], self.now - self.born[held], self.alpha,
+                                              self.age_decay, self.max_age)
+        return weights
+
     def can_serve(self, n: int) -> bool:
-        return self.size > 0  # draws are with replacement
+        return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
 
     def probabilities(self) -> torch.Tensor:
-        """P(i) for each stored sample, in slot order. (size,)"""
-        p = self.priorities[:self.size]
+        """P(i) for each stored sample, oldest first. (size,)"""
+        p = self._weights()[self._held()]
         return p / p.sum()
 
     def sample(self, n: int) -> list[dict]:
-        if self.size == 0:
-            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage; generate more")
-        idx = torch.multinomial(self.priorities[:self.size], n, replacement=True, generator=self.generator)
+        weights = self._weights()
+        if not weights.sum() > 0:
+            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old; "
+                             "generate more")
+        idx = torch.multinomial(weights, n, replacement=True, generator=self.generator)
         return [self.slots[i] for i in idx.tolist()]
 
     def effective_sample_size(self) -> float:
         """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
-        return float(1.0 / (self.probabilities() ** 2).sum()) if self.size else 0.0
+        return float(1.0 / (self.probabilities() ** 2).sum()) if self.can_serve(1) else 0.0
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "priorities": self.priorities.clone(), "rejected": self.rejected}
+        return {**super().state_dict(), "abs_adv": self.abs_adv.clone(), "born": self.born.clone(), "now": self.now,
+                "rejected": self.rejected}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.priorities, self.rejected = state["priorities"].clone(), state["rejected"]
+        self.abs_adv, self.born = state["abs_adv"].clone(), state["born"].clone()
+        self.now, self.rejected = state["now"], state["rejected"]
 
 
 def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
     """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
     seed = cfg.seed if seed is None else seed
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
-        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed)
+        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed,
+                               max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
     return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
@@ -969,6 +1036,15 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
     return loss, stats
 
 
+def abs_log_ratio_sum(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
+                      completion_mask: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
+    """Sum of |log pi - log pi_old| over the completion tokens of the selected rows, and their token count.
+    (B, C), (B, C), (B, C), (B,) bool -> (sum, count). How far the policy has moved from the one that sampled a
+    replayed completion: 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon."""
+    mask = completion_mask.bool() & rows[:, None]
+    return float((per_token_logps - old_per_token_logps).abs()[mask].sum()), float(mask.sum())
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Training loop
 # ----------------------------------------------------------------------------------------------------------------------
@@ -977,7 +1053,12 @@ class GRPOTrainer:
     """Generate -> score -> buffer -> train, one optimizer step at a time. `train()` runs the whole job.
 
     Cadence (the seed's): a generation batch every `gradient_accumulation_steps * num_iterations` micro-steps, or
-    whenever the buffer cannot serve a micro-batch; every micro-batch is drawn from the buffer.
+    whenever the step has nothing to train on. With `ssr_mode` replace every micro-batch is drawn from the buffer.
+    With fill, a step trains the latest generation batch (`self.fresh`, one step's worth of samples): its non-zero
+    samples every time, and a buffer draw in each slot of a zero-advantage one; the micro-batches are its slices.
+    With num_iterations > 1 the same fresh samples train in each of the batch's num_iterations steps (as in GRPO),
+    with new draws each time. When nothing in the buffer may be drawn (say an age limit has evicted all), a
+    zero-advantage slot keeps its own sample, as in plain GRPO.
     """
 
     def __init__(self, cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
@@ -1024,6 +1105,8 @@ class GRPOTrainer:
         # generation batch, trained once, right after it was generated. Then the old-log-prob forward is skipped.
         self.on_policy = isinstance(self.buffer, ReplayBuffer) and not isinstance(self.buffer, SSRReplayBuffer) \
             and cfg.num_iterations == 1
+        self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
+        self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
         self.step = 0  # optimizer steps done (skipped steps count too, so max_steps bounds the run)
         self.micro_step = 0
         self.generations = 0  # generation batches made so far
@@ -1098,15 +1181,35 @@ class GRPOTrainer:
         The generation metrics of the step average over every batch it generated, retries included, so that a
         step which had to retry does not report only the lucky batch.
         """
-        self.buffer.add(self.generate_batch())
+        self.fresh = self.generate_batch()
+        self.buffer.add(self.fresh)
         batches, retries = [self.last_gen_metrics], 0
-        while not self.buffer.can_serve(self.cfg.per_device_train_batch_size) and \
-                retries < self.cfg.max_generation_retries:
+        while not self._can_train() and retries < self.cfg.max_generation_retries:
             retries += 1
-            self.buffer.add(self.generate_batch())
+            self.fresh = self.generate_batch()
+            self.buffer.add(self.fresh)
             batches.append(self.last_gen_metrics)
         self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
         return retries
+
+    def _can_train(self) -> bool:
+        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one."""
+        if self.fill and any(float(s["advantages"]) != 0 for s in self.fresh):
+            return True
+        return self.buffer.can_serve(self.cfg.per_device_train_batch_size)
+
+    def _micro_batches(self) -> list[list[dict]]:
+        """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
+        cfg = self.cfg
+        n, k = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+        if not self.fill:
+            return [self.buffer.sample(n) for _ in range(k)]
+        keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
+        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]
+        if zeros and self.buffer.can_serve(1):
+            zeros = self.buffer.sample(len(zeros))  # P ~ |A|^alpha (x decay), within the age limit
+        trained = keep + zeros
+        return [trained[i * n:(i + 1) * n] for i in range(k)]
 
     # --- one optimizer step --------------------------------------------------------------------------------------
 
@@ -1116,11 +1219,13 @@ class GRPOTrainer:
         start = time.perf_counter()
         per_gen = cfg.gradient_accumulation_steps * cfg.num_iterations
         retries, generated = 0, False
-        if self.micro_step % per_gen == 0 or not self.buffer.can_serve(cfg.per_device_train_batch_size):
+        if isinstance(self.buffer, SSRReplayBuffer):
+            self.buffer.advance_to(self.step)  # ages count from here; too-old samples are evicted
+        if self.micro_step % per_gen == 0 or not self._can_train():
             retries, generated = self.refill(), True
         metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
                    "generation_retries": retries}
-        cannot_serve = not self.buffer.can_serve(cfg.per_device_train_batch_size)
+        cannot_serve = not self._can_train()
         if self.dist.reduce([float(cannot_serve)], op="max")[0]:  # under torchrun all ranks skip together
             self.counters["skipped_steps"] += 1
             print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries "
@@ -1130,13 +1235,12 @@ class GRPOTrainer:
             return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
                     "step_time": time.perf_counter() - start}
 
-        micro_batches = [self.buffer.sample(cfg.per_device_train_batch_size)
-                         for _ in range(cfg.gradient_accumulation_steps)]
+        micro_batches = self._micro_batches()
         # Token counts of each micro-batch, all ranks together: the token-level loss types divide by them, and
         # since DDP averages gradients over ranks, their loss is scaled back up by the world size.
         tokens = self.dist.reduce([float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches])
         scale = self.dist.world_size if cfg.loss_type in ("bnpo", "dapo") else 1
-        sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
+        sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0, "stale_log_ratio": 0.0, "stale_tokens": 0.0}
         for i, samples in enumerate(micro_batches):
             batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
             last = i == len(micro_batches) - 1
@@ -1150,6 +1254,10 @@ class GRPOTrainer:
                     num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=sum(tokens),
                     micro_batch_tokens=tokens[i])
                 (loss * scale).backward()
+            stale = torch.tensor([s["step"] < self.step for s in samples], device=logps.device)  # (B,) replayed
+            log_ratio, count = abs_log_ratio_sum(logps.detach(), old, batch["completion_mask"], stale)
+            sums["stale_log_ratio"] += log_ratio
+            sums["stale_tokens"] += count
             sums["loss"] += loss.item() * scale  # averaged over ranks in the metrics: the whole job's loss
             for k, v in stats.items():
                 sums[k] += v.item() / cfg.gradient_accumulation_steps
@@ -1167,13 +1275,10 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._advance_schedule(stepped=finite)
 
-        trained = [s for mb in micro_batches for s in mb]
         metrics.update({
             "loss": sums["loss"], "clip_ratio": sums["clip_ratio"], "grad_norm": float(grad_norm),
             "learning_rate": self.scheduler.get_last_lr()[0], "skipped": int(not finite),
-            "replay_frac": sum(s["generation"] < self.generations - 1 for s in trained) / len(trained),
-            "sample_age": sum(self.step - 1 - s["step"] for s in trained) / len(trained),
-            "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in trained]).mean()),
+            **self._trained_metrics([s for mb in micro_batches for s in mb], sums),
             **self._buffer_metrics(), **self.counters,
         })
         if cfg.beta > 0:
@@ -1188,6 +1293,19 @@ class GRPOTrainer:
             if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
+
+    def _trained_metrics(self, trained: list[dict], sums: dict) -> dict[str, float]:
+        """What the step trained on: how much of it is replayed, old, duplicated or without signal.
+        Called after the step is counted, so this step's own samples have age 0."""
+        ages = [self.step - 1 - s["step"] for s in trained]
+        out = {"replay_frac": sum(s["generation"] < self.generations - 1 for s in trained) / len(trained),
+               "sample_age": sum(ages) / len(ages), "sample_age_max": max(ages),
+               "frac_zero_adv_trained": sum(float(s["advantages"]) == 0 for s in trained) / len(trained),
+               "unique_sample_frac": len({s["uid"] for s in trained}) / len(trained),
+               "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in trained]).mean())}
+        if sums["stale_tokens"] > 0:  # only when the step trained a sample generated in an earlier step
+            out["replay_abs_log_ratio"] = sums["stale_log_ratio"] / sums["stale_tokens"]
+        return out
 
     def _buffer_metrics(self) -> dict[str, float]:
         return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
@@ -1286,7 +1404,7 @@ class GRPOTrainer:
             (tmp / "grpo_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
         self.dist.barrier()
         own = {"generations": self.generations, "sample_uid": self.sample_uid,
-               "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(),
+               "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(), "fresh": self.fresh,
                "prompt_sampler": self.prompt_sampler.state_dict(),
                "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
@@ -1327,6 +1445,7 @@ class GRPOTrainer:
         self.generations, self.sample_uid = own["generations"], own["sample_uid"]
         self.last_gen_metrics = own["last_gen_metrics"]
         self.buffer.load_state_dict(own["buffer"])
+        self.fresh = own["fresh"]
         self.prompt_sampler.load_state_dict(own["prompt_sampler"])
         rng = own["rng"]
         random.setstate(rng["python"])
