@@ -7,8 +7,22 @@ network: the group mean is the baseline.
 
 SSR (Selective Sample Replay, VL-Rethinker arXiv 2504.08837) fixes GRPO's "vanishing advantages": when every
 completion of a group gets the same reward, all their advantages are zero and the group teaches nothing. SSR keeps
-the samples with a non-zero advantage in a replay buffer and draws each training batch from it with probability
-proportional to |advantage|^alpha, so every step trains on samples that carry signal.
+the samples with a non-zero advantage in a replay buffer and draws from it with probability proportional to
+|advantage|^alpha, so every step trains on samples that carry signal. Two ways to use the draws (`--ssr_mode`):
+- fill, as the paper's released code (`active_sampling` in TIGER-AI-Lab/VL-Rethinker) and rollout-level prioritized
+  replay (arXiv 2606.04560) do: every fresh non-zero-advantage sample trains in its own step, and draws take only the
+  slots of the zero-advantage ones (the paper, §3.2: SSR "augments the on-policy training batch");
+- replace, as the TRL pull request this file grew from: every micro-batch is drawn from the buffer.
+TRL's later merged replay trainer (huggingface/trl#4060) substituted replays only for zero-spread groups, close to
+fill; its users keep asking for DAPO-style dynamic sampling (trl#3708), whose nearest setting here is Filter below
+(it repeats this batch's non-zero samples where DAPO would generate more).
+Freshness: `--ssr_max_age K` evicts and never draws a sample more than K optimizer steps old (2606.04560's tau_max);
+`--ssr_age_decay TAU` multiplies the priority by exp(-age / TAU) (freshness-aware PER, arXiv 2604.16918, where
+prioritized replay without the decay hurt). The paper's ablation rows (§4) are settings of the one SSR buffer:
+    GRPO    --replay_buffer_class ReplayBuffer
+    Filter  --ssr_mode fill --ssr_max_age 0     (num_iterations - 1 in general: draws repeat this batch's non-zero
+                                                 samples, and a batch without any is generated again)
+    SSR     --ssr_mode fill                     (a FIFO of --ssr_capacity_scalar generation batches)
 
 Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, under a minute), `python grpo_ssr.py --help`.
 
@@ -38,7 +52,11 @@ Where it departs from the TRL pull request it grew from (and why):
 
 Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
 keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
-ssr_capacity_scalar` samples. Like the paper, advantages are not recomputed when a sample is replayed.
+ssr_capacity_scalar` samples. The paper clears its buffer after each episode (1,024 queries, 16 optimizer steps); the
+nearest setting here is a sliding window, `--ssr_max_age 15 --ssr_capacity_scalar 16`, whose samples are up to 15
+steps old at every step rather than only at the end of an episode. The default `--ssr_mode` stays replace (the pull
+request's) until the study in notebooks/run_study.py decides. Like the paper, advantages are not recomputed when a
+sample is replayed.
 """
 
 from __future__ import annotations
@@ -876,16 +894,18 @@ class ReplayBuffer:
         self.queue, self.queue_pos = state["queue"], state["queue_pos"]
 
 
-def replay_priorities(abs_adv: torch.Tensor, age: torch.Tensor, alpha: float, age_decay: float = 0.0,
+def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: float = 0.0,
                       max_age: Optional[int] = None) -> torch.Tensor:
-    """SSR's unnormalised draw weights: |A|^alpha * exp(-age / age_decay), and 0 past max_age. (N,), (N,) -> (N,).
+    """SSR's draw weights from the priorities |A|^alpha (0 marks an empty slot): times exp(-age / age_decay), and 0
+    past max_age. (N,), (N,) -> (N,).
 
-    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest sample, which rescales every
-    weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
+    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest stored sample, which rescales
+    every weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
     """
-    weights = abs_adv.double() ** alpha
+    weights = priorities
     if age_decay > 0:
-        weights = weights * torch.exp(-(age - age.min()).double() / age_decay)
+        youngest = age[priorities > 0].min() if bool((priorities > 0).any()) else age.new_zeros(())
+        weights = weights * torch.exp(-(age - youngest).double() / age_decay)
     if max_age is not None:
         weights = torch.where(age > max_age, 0.0, weights)
     return weights
@@ -897,8 +917,8 @@ class SSRReplayBuffer(ReplayBuffer):
 
     Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored. Ages
     are optimizer steps since a sample was generated (its `step`), against the step the trainer is on (`advance_to`).
-    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A| and the birth step live in
-    tensors beside the ring (0 for an empty slot), so a draw is a single torch.multinomial over the slots.
+    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A|^alpha and the birth step live in
+    tensors beside the ring (priority 0 for an empty slot), so a draw is a single torch.multinomial over the slots.
     """
 
     def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
@@ -907,7 +927,7 @@ class SSRReplayBuffer(ReplayBuffer):
         if alpha < 0:
             raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
         self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
-        self.abs_adv = torch.zeros(capacity, dtype=torch.float64)  # |A| per slot, 0 when the slot is empty
+        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot, 0 when empty
         self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
         self.now = 0  # the optimizer step being trained; ages are counted against it
         self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
@@ -918,7 +938,7 @@ class SSRReplayBuffer(ReplayBuffer):
             if adv == 0.0:
                 self.rejected += 1
                 continue
-            self.abs_adv[self.next_slot], self.born[self.next_slot] = adv, s.get("step", self.now)
+            self.priorities[self.next_slot], self.born[self.next_slot] = adv ** self.alpha, s.get("step", self.now)
             self._store(s)
 
     def advance_to(self, step: int) -> None:
@@ -928,31 +948,25 @@ class SSRReplayBuffer(ReplayBuffer):
         self.now = step
         while self.max_age is not None and self.size and step - self.born[self._oldest()] > self.max_age:
             oldest = self._oldest()
-            self.slots[oldest], self.abs_adv[oldest] = None, 0.0
+            self.slots[oldest], self.priorities[oldest] = None, 0.0
             self.size -= 1
 
     def _oldest(self) -> int:
         return (self.next_slot - self.size) % self.capacity
 
-    def _held(self) -> torch.Tensor:
-        """Slot indices of the stored samples, oldest first. (size,)"""
-        return (self.next_slot - self.size + torch.arange(self.size)) % self.capacity
-
     def _weights(self) -> torch.Tensor:
         """Draw weight of every slot (0 for empty slots). (capacity,)"""
-        weights = torch.zeros(self.capacity, dtype=torch.float64)
-        held = self._held()
-        if len(held):
-            weights[held] = replay_priorities(self.abs_adv[held], self.now - self.born[held], self.alpha,
-                                              self.age_decay, self.max_age)
-        return weights
+        if self.age_decay == 0 and self.max_age is None:
+            return self.priorities  # the paper's plain |A|^alpha: nothing to compute per draw
+        return freshness_weights(self.priorities, self.now - self.born, self.age_decay, self.max_age)
 
     def can_serve(self, n: int) -> bool:
         return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
 
     def probabilities(self) -> torch.Tensor:
         """P(i) for each stored sample, oldest first. (size,)"""
-        p = self._weights()[self._held()]
+        held = (self.next_slot - self.size + torch.arange(self.size)) % self.capacity
+        p = self._weights()[held]
         return p / p.sum()
 
     def sample(self, n: int) -> list[dict]:
@@ -965,15 +979,17 @@ class SSRReplayBuffer(ReplayBuffer):
 
     def effective_sample_size(self) -> float:
         """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
-        return float(1.0 / (self.probabilities() ** 2).sum()) if self.can_serve(1) else 0.0
+        weights = self._weights()
+        total = weights.sum()
+        return float(total ** 2 / (weights ** 2).sum()) if total > 0 else 0.0
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "abs_adv": self.abs_adv.clone(), "born": self.born.clone(), "now": self.now,
-                "rejected": self.rejected}
+        return {**super().state_dict(), "priorities": self.priorities.clone(), "born": self.born.clone(),
+                "now": self.now, "rejected": self.rejected}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.abs_adv, self.born = state["abs_adv"].clone(), state["born"].clone()
+        self.priorities, self.born = state["priorities"].clone(), state["born"].clone()
         self.now, self.rejected = state["now"], state["rejected"]
 
 

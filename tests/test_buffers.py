@@ -199,6 +199,17 @@ def test_ssr_age_limit_evicts_and_never_draws_old_samples():
         buf.sample(1)
 
 
+def test_ssr_age_limit_holds_for_samples_added_out_of_step_order():
+    """Eviction leaves from the tail, so a too-old sample behind a younger one stays stored; it is still never drawn."""
+    buf = g.SSRReplayBuffer(capacity=8, alpha=1.0, seed=5, max_age=1)
+    buf.add(_aged_items([1.0, 5.0, 2.0], [3, 0, 3]))
+    buf.advance_to(3)
+    assert len(buf) == 3
+    counts = np.bincount([s["uid"] for s in buf.sample(5_000)], minlength=3)
+    assert counts[1] == 0 and counts[0] > 0 and counts[2] > 0
+    assert np.allclose(buf.probabilities().numpy(), [1 / 3, 0.0, 2 / 3])
+
+
 def test_ssr_ring_stays_aligned_after_eviction_and_wrap():
     """Eviction frees the tail of the ring; later adds wrap around it and FIFO eviction still drops the oldest."""
     buf = g.SSRReplayBuffer(capacity=4, alpha=1.0, seed=0, max_age=1)
