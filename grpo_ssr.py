@@ -7,8 +7,22 @@ network: the group mean is the baseline.
 
 SSR (Selective Sample Replay, VL-Rethinker arXiv 2504.08837) fixes GRPO's "vanishing advantages": when every
 completion of a group gets the same reward, all their advantages are zero and the group teaches nothing. SSR keeps
-the samples with a non-zero advantage in a replay buffer and draws each training batch from it with probability
-proportional to |advantage|^alpha, so every step trains on samples that carry signal.
+the samples with a non-zero advantage in a replay buffer and draws from it with probability proportional to
+|advantage|^alpha, so every step trains on samples that carry signal. Two ways to use the draws (`--ssr_mode`):
+- fill, as the paper's released code (`active_sampling` in TIGER-AI-Lab/VL-Rethinker) and rollout-level prioritized
+  replay (arXiv 2606.04560) do: every fresh non-zero-advantage sample trains in its own step, and draws take only the
+  slots of the zero-advantage ones (the paper, §3.2: SSR "augments the on-policy training batch");
+- replace, as the TRL pull request this file grew from: every micro-batch is drawn from the buffer.
+TRL's later merged replay trainer (huggingface/trl#4060) substituted replays only for zero-spread groups, close to
+fill; its users keep asking for DAPO-style dynamic sampling (trl#3708), whose nearest setting here is Filter below
+(it repeats this batch's non-zero samples where DAPO would generate more).
+Freshness: `--ssr_max_age K` evicts and never draws a sample more than K optimizer steps old (2606.04560's tau_max);
+`--ssr_age_decay TAU` multiplies the priority by exp(-age / TAU) (freshness-aware PER, arXiv 2604.16918, where
+prioritized replay without the decay hurt). The paper's ablation rows (§4) are settings of the one SSR buffer:
+    GRPO    --replay_buffer_class ReplayBuffer
+    Filter  --ssr_mode fill --ssr_max_age 0     (num_iterations - 1 in general: draws repeat this batch's non-zero
+                                                 samples, and a batch without any is generated again)
+    SSR     --ssr_mode fill                     (a FIFO of --ssr_capacity_scalar generation batches)
 
 Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, about half a minute on a 2-core CPU),
 `python grpo_ssr.py --help`.
@@ -44,7 +58,11 @@ Where it departs from the TRL pull request it grew from (and why):
 
 Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
 keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
-ssr_capacity_scalar` samples. Like the paper, advantages are not recomputed when a sample is replayed.
+ssr_capacity_scalar` samples. The paper clears its buffer after each episode (1,024 queries, 16 optimizer steps); the
+nearest setting here is a sliding window, `--ssr_max_age 15 --ssr_capacity_scalar 16`, whose samples are up to 15
+steps old at every step rather than only at the end of an episode. The default `--ssr_mode` stays replace (the pull
+request's) until the study in notebooks/run_study.py decides. Like the paper, advantages are not recomputed when a
+sample is replayed.
 """
 
 from __future__ import annotations
@@ -81,6 +99,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {"ReplayBuffer": "ReplayBuffer", "uniform": "ReplayBuffer",
                   "SSRReplayBuffer": "SSRReplayBuffer", "ssr": "SSRReplayBuffer"}
 DEVICES = ("auto", "cpu", "cuda")
+SSR_MODES = ("replace", "fill")
 
 
 def _opt(default, help: str):
@@ -150,6 +169,15 @@ class GRPOConfig:
                                                        "draw by |A|^alpha. ReplayBuffer (or uniform): plain GRPO.")
     ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
     ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha. 0 is uniform over the stored samples.")
+    ssr_mode: str = _opt("replace", "How SSR builds a step's batch. replace (the TRL pull request's): every "
+                                     "micro-batch is drawn from the buffer. fill (the paper's released code): every "
+                                     "fresh non-zero-advantage sample trains, and buffer draws take only the slots of "
+                                     "zero-advantage ones. replace until the study in notebook 05 decides.")
+    ssr_max_age: Optional[int] = _opt(None, "SSR: a sample more than this many optimizer steps old is never drawn and "
+                                            "is evicted. Off by default (capacity alone bounds the age); with "
+                                            "--ssr_mode fill, 0 is the paper's Filter (only the current batch).")
+    ssr_age_decay: float = _opt(0.0, "SSR: multiply the priority by exp(-age / this), age in optimizer steps "
+                                     "(freshness-aware replay). 0 turns the decay off, the paper's plain |A|^alpha.")
     max_generation_retries: int = _opt(3, "With SSR, how many extra generation batches to try when the buffer is "
                                           "empty because every group had zero reward spread; then the step is skipped.")
     # --- efficiency
@@ -231,6 +259,11 @@ def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = No
     weights = reward_weight_list(cfg.reward_weights)
     _check(weights is None or reward_funcs is None or len(weights) == len(reward_funcs), "reward_weights",
            cfg.reward_weights, f"give {len(reward_funcs or [])} number(s), one per reward function")
+    # SSR's batch mode and sample freshness
+    _check(cfg.ssr_mode in SSR_MODES, "ssr_mode", cfg.ssr_mode, f"choose one of {', '.join(SSR_MODES)}")
+    _check(cfg.ssr_max_age is None or cfg.ssr_max_age >= 0, "ssr_max_age", cfg.ssr_max_age,
+           "must be >= 0 (optimizer steps), or left unset for no age limit")
+    _check(cfg.ssr_age_decay >= 0, "ssr_age_decay", cfg.ssr_age_decay, "must be >= 0 (0 turns the decay off)")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1055,19 +1088,42 @@ class ReplayBuffer:
         self.queue, self.queue_pos = state["queue"], state["queue_pos"]
 
 
-class SSRReplayBuffer(ReplayBuffer):
-    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement, P(i) ~ |A_i|^alpha.
+def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: float = 0.0,
+                      max_age: Optional[int] = None) -> torch.Tensor:
+    """SSR's draw weights from the priorities |A|^alpha (0 marks an empty slot): times exp(-age / age_decay), and 0
+    past max_age. (N,), (N,) -> (N,).
 
-    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored.
-    The priorities live in one tensor beside the ring, so a draw is a single torch.multinomial.
+    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest stored sample, which rescales
+    every weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
+    """
+    weights = priorities
+    if age_decay > 0:
+        youngest = age[priorities > 0].min() if bool((priorities > 0).any()) else age.new_zeros(())
+        weights = weights * torch.exp(-(age - youngest).double() / age_decay)
+    if max_age is not None:
+        weights = torch.where(age > max_age, 0.0, weights)
+    return weights
+
+
+class SSRReplayBuffer(ReplayBuffer):
+    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement,
+    P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), never older than max_age.
+
+    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored. Ages
+    are optimizer steps since a sample was generated (its `step`), against the step the trainer is on (`advance_to`).
+    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A|^alpha and the birth step live in
+    tensors beside the ring (priority 0 for an empty slot), so a draw is a single torch.multinomial over the slots.
     """
 
-    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0):
+    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
+                 age_decay: float = 0.0):
         super().__init__(capacity, seed)
         if alpha < 0:
             raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
-        self.alpha = alpha
-        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot
+        self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
+        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot, 0 when empty
+        self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
+        self.now = 0  # the optimizer step being trained; ages are counted against it
         self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
 
     def add(self, samples: list[dict]) -> None:
@@ -1076,40 +1132,67 @@ class SSRReplayBuffer(ReplayBuffer):
             if adv == 0.0:
                 self.rejected += 1
                 continue
-            self.priorities[self.next_slot] = adv ** self.alpha
+            self.priorities[self.next_slot], self.born[self.next_slot] = adv ** self.alpha, s.get("step", self.now)
             self._store(s)
 
+    def advance_to(self, step: int) -> None:
+        """Move the buffer's clock to optimizer step `step` and evict every sample older than max_age.
+
+        Samples arrive in step order, so the too-old ones are the oldest: they leave from the tail of the ring."""
+        self.now = step
+        while self.max_age is not None and self.size and step - self.born[self._oldest()] > self.max_age:
+            oldest = self._oldest()
+            self.slots[oldest], self.priorities[oldest] = None, 0.0
+            self.size -= 1
+
+    def _oldest(self) -> int:
+        return (self.next_slot - self.size) % self.capacity
+
+    def _weights(self) -> torch.Tensor:
+        """Draw weight of every slot (0 for empty slots). (capacity,)"""
+        if self.age_decay == 0 and self.max_age is None:
+            return self.priorities  # the paper's plain |A|^alpha: nothing to compute per draw
+        return freshness_weights(self.priorities, self.now - self.born, self.age_decay, self.max_age)
+
     def can_serve(self, n: int) -> bool:
-        return self.size > 0  # draws are with replacement
+        return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
 
     def probabilities(self) -> torch.Tensor:
-        """P(i) for each stored sample, in slot order. (size,)"""
-        p = self.priorities[:self.size]
+        """P(i) for each stored sample, oldest first. (size,)"""
+        held = (self.next_slot - self.size + torch.arange(self.size)) % self.capacity
+        p = self._weights()[held]
         return p / p.sum()
 
     def sample(self, n: int) -> list[dict]:
-        if self.size == 0:
-            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage; generate more")
-        idx = torch.multinomial(self.priorities[:self.size], n, replacement=True, generator=self.generator)
+        weights = self._weights()
+        if not weights.sum() > 0:
+            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old; "
+                             "generate more")
+        idx = torch.multinomial(weights, n, replacement=True, generator=self.generator)
         return [self.slots[i] for i in idx.tolist()]
 
     def effective_sample_size(self) -> float:
         """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
-        return float(1.0 / (self.probabilities() ** 2).sum()) if self.size else 0.0
+        weights = self._weights()
+        total = weights.sum()
+        return float(total ** 2 / (weights ** 2).sum()) if total > 0 else 0.0
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "priorities": self.priorities.clone(), "rejected": self.rejected}
+        return {**super().state_dict(), "priorities": self.priorities.clone(), "born": self.born.clone(),
+                "now": self.now, "rejected": self.rejected}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.priorities, self.rejected = state["priorities"].clone(), state["rejected"]
+        self.priorities, self.born = state["priorities"].clone(), state["born"].clone()
+        self.now, self.rejected = state["now"], state["rejected"]
 
 
 def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
     """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
     seed = cfg.seed if seed is None else seed
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
-        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed)
+        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed,
+                               max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
     return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
@@ -1170,6 +1253,15 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
     return loss, stats
 
 
+def abs_log_ratio_sum(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
+                      completion_mask: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
+    """Sum of |log pi - log pi_old| over the completion tokens of the selected rows, and their token count.
+    (B, C), (B, C), (B, C), (B,) bool -> (sum, count). How far the policy has moved from the one that sampled a
+    replayed completion: 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon."""
+    mask = completion_mask.bool() & rows[:, None]
+    return float((per_token_logps - old_per_token_logps).abs()[mask].sum()), float(mask.sum())
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Training loop
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1189,7 +1281,12 @@ class GRPOTrainer:
     """Generate -> score -> buffer -> train, one optimizer step at a time. `train()` runs the whole job.
 
     Cadence (the seed's): a generation batch every `gradient_accumulation_steps * num_iterations` micro-steps, or
-    whenever the buffer cannot serve a micro-batch; every micro-batch is drawn from the buffer.
+    whenever the step has nothing to train on. With `ssr_mode` replace every micro-batch is drawn from the buffer.
+    With fill, a step trains the latest generation batch (`self.fresh`, one step's worth of samples): its non-zero
+    samples every time, and a buffer draw in each slot of a zero-advantage one; the micro-batches are its slices.
+    With num_iterations > 1 the same fresh samples train in each of the batch's num_iterations steps (as in GRPO),
+    with new draws each time. When nothing in the buffer may be drawn (say an age limit has evicted all), a
+    zero-advantage slot keeps its own sample, as in plain GRPO.
     """
 
     def __init__(self, cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
@@ -1246,6 +1343,8 @@ class GRPOTrainer:
         # generation batch, trained once, right after it was generated. Then the old-log-prob forward is skipped.
         self.on_policy = isinstance(self.buffer, ReplayBuffer) and not isinstance(self.buffer, SSRReplayBuffer) \
             and cfg.num_iterations == 1
+        self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
+        self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
         self.step = 0  # optimizer steps done (skipped steps count too, so max_steps bounds the run)
         self.micro_step = 0
         self.generations = 0  # generation batches made so far
@@ -1335,17 +1434,38 @@ class GRPOTrainer:
         The generation metrics of the step average over every batch it generated, retries included, so that a
         step which had to retry does not report only the lucky batch.
         """
-        self.buffer.add(self.generate_batch())
+        self.fresh = self.generate_batch()
+        self.buffer.add(self.fresh)
         batches, retries = [self.last_gen_metrics], 0
         while retries < self.cfg.max_generation_retries and \
-                self.dist.reduce([float(not self.buffer.can_serve(self.cfg.per_device_train_batch_size))], "max")[0]:
+                self.dist.reduce([float(not self._can_train())], "max")[0]:  # all ranks retry together
             retries += 1
-            self.buffer.add(self.generate_batch())
+            self.fresh = self.generate_batch()
+            self.buffer.add(self.fresh)
             batches.append(self.last_gen_metrics)
         with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
             warnings.simplefilter("ignore", RuntimeWarning)
             self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
         return retries
+
+    def _can_train(self) -> bool:
+        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one."""
+        if self.fill and any(float(s["advantages"]) != 0 for s in self.fresh):
+            return True
+        return self.buffer.can_serve(self.cfg.per_device_train_batch_size)
+
+    def _micro_batches(self) -> list[list[dict]]:
+        """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
+        cfg = self.cfg
+        n, k = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+        if not self.fill:
+            return [self.buffer.sample(n) for _ in range(k)]
+        keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
+        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]
+        if zeros and self.buffer.can_serve(1):
+            zeros = self.buffer.sample(len(zeros))  # P ~ |A|^alpha (x decay), within the age limit
+        trained = keep + zeros
+        return [trained[i * n:(i + 1) * n] for i in range(k)]
 
     # --- one optimizer step --------------------------------------------------------------------------------------
 
@@ -1355,12 +1475,14 @@ class GRPOTrainer:
         start = time.perf_counter()
         per_gen = cfg.gradient_accumulation_steps * cfg.num_iterations
         retries, generated = 0, False
-        must = self.micro_step % per_gen == 0 or not self.buffer.can_serve(cfg.per_device_train_batch_size)
+        if isinstance(self.buffer, SSRReplayBuffer):
+            self.buffer.advance_to(self.step)  # ages count from here; too-old samples are evicted
+        must = self.micro_step % per_gen == 0 or not self._can_train()
         if self.dist.reduce([float(must)], op="max")[0]:  # all ranks or none: their prompt order stays shared
             retries, generated = self.refill(), True
         metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
                    "generation_retries": retries}
-        cannot_serve = not self.buffer.can_serve(cfg.per_device_train_batch_size)
+        cannot_serve = not self._can_train()
         if self.dist.reduce([float(cannot_serve)], op="max")[0]:  # under torchrun all ranks skip together
             self.counters["skipped_steps"] += 1
             why = "every reward function returned None for every completion" \
@@ -1372,15 +1494,14 @@ class GRPOTrainer:
             return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
                     "step_time": time.perf_counter() - start}
 
-        micro_batches = [self.buffer.sample(cfg.per_device_train_batch_size)
-                         for _ in range(cfg.gradient_accumulation_steps)]
+        micro_batches = self._micro_batches()
         # dapo divides by the token count of the whole step, all ranks together; since DDP averages gradients over
         # ranks, its loss is scaled back up by the world size. bnpo divides by this rank's own micro-batch tokens and
         # lets DDP average, as TRL does: N ranks then differ from one big batch, as micro-batches already do.
         own_tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
         step_tokens = sum(self.dist.reduce(own_tokens))
         scale = self.dist.world_size if cfg.loss_type == "dapo" else 1
-        sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0}
+        sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0, "stale_log_ratio": 0.0, "stale_tokens": 0.0}
         for i, samples in enumerate(micro_batches):
             batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
             last = i == len(micro_batches) - 1
@@ -1395,6 +1516,10 @@ class GRPOTrainer:
                     num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=step_tokens,
                     micro_batch_tokens=own_tokens[i])
                 (loss * scale).backward()
+            stale = torch.tensor([s["step"] < self.step for s in samples], device=logps.device)  # (B,) replayed
+            log_ratio, count = abs_log_ratio_sum(logps.detach(), old, batch["completion_mask"], stale)
+            sums["stale_log_ratio"] += log_ratio
+            sums["stale_tokens"] += count
             sums["loss"] += loss.item() * scale  # averaged over ranks in the metrics: the whole job's loss
             for k, v in stats.items():
                 sums[k] += v.item() / cfg.gradient_accumulation_steps
@@ -1412,13 +1537,10 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self._advance_schedule(stepped=finite)
 
-        trained = [s for mb in micro_batches for s in mb]
         metrics.update({
             "loss": sums["loss"], "clip_ratio": sums["clip_ratio"], "grad_norm": float(grad_norm),
             "learning_rate": self.scheduler.get_last_lr()[0], "skipped": int(not finite),
-            "replay_frac": sum(s["generation"] < self.generations - 1 for s in trained) / len(trained),
-            "sample_age": sum(self.step - 1 - s["step"] for s in trained) / len(trained),
-            "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in trained]).mean()),
+            **self._trained_metrics([s for mb in micro_batches for s in mb], sums),
             **self._buffer_metrics(), **self.counters,
         })
         if cfg.beta > 0:
@@ -1433,6 +1555,19 @@ class GRPOTrainer:
             if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
+
+    def _trained_metrics(self, trained: list[dict], sums: dict) -> dict[str, float]:
+        """What the step trained on: how much of it is replayed, old, duplicated or without signal.
+        Called after the step is counted, so this step's own samples have age 0."""
+        ages = [self.step - 1 - s["step"] for s in trained]
+        out = {"replay_frac": sum(s["generation"] < self.generations - 1 for s in trained) / len(trained),
+               "sample_age": sum(ages) / len(ages), "sample_age_max": max(ages),
+               "frac_zero_adv_trained": sum(float(s["advantages"]) == 0 for s in trained) / len(trained),
+               "unique_sample_frac": len({s["uid"] for s in trained}) / len(trained),
+               "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in trained]).mean())}
+        if sums["stale_tokens"] > 0:  # only when the step trained a sample generated in an earlier step
+            out["replay_abs_log_ratio"] = sums["stale_log_ratio"] / sums["stale_tokens"]
+        return out
 
     def _buffer_metrics(self) -> dict[str, float]:
         return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
@@ -1559,7 +1694,7 @@ class GRPOTrainer:
             (tmp / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
         self.dist.barrier()
         own = {"generations": self.generations, "sample_uid": self.sample_uid,
-               "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(),
+               "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(), "fresh": self.fresh,
                "prompt_sampler": self.prompt_sampler.state_dict(),
                "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
@@ -1611,9 +1746,13 @@ class GRPOTrainer:
         own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
         self.generations, self.sample_uid = own["generations"], own["sample_uid"]
         self.last_gen_metrics = own["last_gen_metrics"]
-        own["buffer"]["slots"] = [None if s is None else {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
-                                                          for k, v in s.items()} for s in own["buffer"]["slots"]]
+        def to_device(s: Optional[dict]) -> Optional[dict]:
+            return None if s is None else {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                                           for k, v in s.items()}
+
+        own["buffer"]["slots"] = [to_device(s) for s in own["buffer"]["slots"]]
         self.buffer.load_state_dict(own["buffer"])  # the samples on the training device, the sampler on the CPU
+        self.fresh = [to_device(s) for s in own["fresh"]]
         self.prompt_sampler.load_state_dict(own["prompt_sampler"])
         rng = own["rng"]
         random.setstate(rng["python"])

@@ -1,16 +1,24 @@
-"""The multi-seed study behind notebook 05: uniform replay (plain GRPO) against SSR, on two rewards.
+"""The replay study behind notebook 05: when does replay help GRPO where advantages vanish?
 
-For each reward (reward_len, reward_len_binary), each buffer (ReplayBuffer, SSRReplayBuffer) and each seed, it trains
-the tiny model with grpo_ssr.run, reads the run's metrics.jsonl, and keeps a compact summary: every metric averaged
-over bins of --bin steps, plus a few end-of-run numbers. Everything else the runs write (models, logs) is thrown away
-unless --keep_runs is given.
+Arms (the flags are in ARMS): plain GRPO, the paper's Filter, SSR in the pull request's replace mode, SSR in the
+paper's fill mode, fill with a freshness decay, and replace with a large buffer and no age limit (the failure mode).
+Every arm trains the tiny model on reward_len_binary (most groups have zero reward spread) at each learning rate, for
+each seed. A seed fixes the initial weights and the prompt order, the same in every arm, so arms are compared seed by
+seed: the paired difference to GRPO, with a bootstrap 95% interval over seeds, at fixed steps and for the area under
+the curve, on the training reward and (when grpo_ssr has `eval_steps`) on the held-out reward. Cost (completions
+generated, wall time) and staleness (clip_ratio, sample age, |log ratio| of replayed tokens) are reported per arm, and
+whether replay's gain follows its staleness.
 
-    python notebooks/run_study.py                      # the committed results: 5 seeds, 250 steps, about 9 minutes
-    python notebooks/run_study.py --seeds 0 --max_steps 40 --out /tmp/quick.json   # a smoke test
-    python notebooks/run_study.py --rewards reward_len_binary --set ssr_capacity_scalar=1 --out /tmp/k1.json
+    python notebooks/run_study.py                                   # the full study: about 30 minutes on 2 cores
+    python notebooks/run_study.py --seeds 0 1 --max_steps 40 --out_dir /tmp/pilot     # a pilot, with an estimate
+    python notebooks/run_study.py --analyse_only                    # rebuild summary.json from the raw data alone
 
-Writes notebooks/results/study.json by default. The runs use one CPU thread: the tiny model gains nothing from more,
-and on a busy 2-core machine two threads can make a step ten times slower.
+Writes, under --out_dir (notebooks/results/replay_study by default):
+    raw/<arm>-lr<lr>-seed<seed>.json.gz   every metrics line of the run (columns, 6 significant digits), its config
+                                          and wall time: everything the summary is computed from
+    summary.json                          the analysis
+Runs go in parallel, --jobs processes (2 by default) of one CPU thread each (OMP_NUM_THREADS=1): the tiny model
+gains nothing from more, and on a busy 2-core machine two threads per run can make a step ten times slower.
 """
 
 from __future__ import annotations
@@ -18,58 +26,307 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gzip
 import io
 import json
+import multiprocessing
 import os
 import platform
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # before transformers imports tqdm
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the worker processes
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 import grpo_ssr  # noqa: E402
 
-REWARDS = ("reward_len", "reward_len_binary")
-BUFFERS = ("ReplayBuffer", "SSRReplayBuffer")
-METRICS = ("reward", "reward_std", "completion_length", "frac_reward_zero_std", "frac_truncated", "loss",
-           "clip_ratio", "grad_norm", "replay_frac", "sample_age", "adv_abs_trained", "adv_abs_fresh", "buffer_size",
-           "buffer_ess", "zero_adv_rejected", "generation_retries", "skipped", "step_time")
+SSR = "SSRReplayBuffer"
+ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compared with in as few flags as possible
+    "grpo": dict(replay_buffer_class="ReplayBuffer"),
+    "filter": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=0),
+    "ssr_replace": dict(replay_buffer_class=SSR, ssr_mode="replace"),
+    "ssr_fill": dict(replay_buffer_class=SSR, ssr_mode="fill"),
+    "ssr_fill_decay": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_age_decay=2.0),
+    "ssr_fill_max_age": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=2),
+    "ssr_replace_stale": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_capacity_scalar=16),
+}
+DEFAULT_ARMS = ["grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay", "ssr_replace_stale"]
+BASELINE = "grpo"
+REWARD = "reward_len_binary"
+STALENESS = ("clip_ratio", "sample_age", "replay_abs_log_ratio", "frac_zero_adv_trained", "unique_sample_frac",
+             "replay_frac", "frac_reward_zero_std", "buffer_ess")
 
 
-def binned(rows: list[dict], key: str, bin_size: int) -> list[float | None]:
-    """Mean of `key` over consecutive bins of `bin_size` steps; None for a bin where no step logged it."""
-    out = []
-    for s in range(0, len(rows), bin_size):
-        vals = [r[key] for r in rows[s:s + bin_size] if r.get(key) is not None]
-        out.append(round(float(np.mean(vals)), 4) if vals else None)
+# ----------------------------------------------------------------------------------------------------------------------
+# Running: one process per run, raw data written as it finishes
+# ----------------------------------------------------------------------------------------------------------------------
+
+def compact(value):
+    """Six significant digits: the raw files stay small, and no figure the analysis quotes needs more."""
+    return float(f"{value:.6g}") if isinstance(value, float) else value
+
+
+def columns(rows: list[dict]) -> dict[str, list]:
+    """Metrics lines -> one list per key (None where a line lacks the key, as skipped steps do)."""
+    keys = sorted({k for r in rows for k in r})
+    return {k: [compact(r.get(k)) for r in rows] for k in keys}
+
+
+def run_name(arm: str, lr: float, seed: int) -> str:
+    return f"{arm}-lr{lr:g}-seed{seed}"
+
+
+def run_one(arm: str, lr: float, seed: int, base: dict, raw_dir: str) -> dict:
+    """Train one arm at one learning rate and seed; write its raw file; return its name and wall time."""
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="grpo_ssr_study_") as tmp:
+        cfg = grpo_ssr.GRPOConfig(**{**base, **ARMS[arm], "learning_rate": lr, "seed": seed,
+                                     "reward_funcs": REWARD, "output_dir": tmp, "overwrite_output_dir": True})
+        start, cpu = time.perf_counter(), time.process_time()
+        with contextlib.redirect_stdout(io.StringIO()):  # run() prints the resolved config
+            grpo_ssr.run(cfg)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "output_dir"}
+    record = {"arm": arm, "learning_rate": lr, "seed": seed, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+              "config": config,
+              "train": columns([r for r in rows if "eval_reward" not in r]),  # eval lines: see INTERFACES.md
+              "eval": columns([r for r in rows if "eval_reward" in r])}
+    path = Path(raw_dir) / f"{run_name(arm, lr, seed)}.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(record, f, separators=(",", ":"))
+    return {"name": path.name, "wall_s": record["wall_s"], "cpu_s": record["cpu_s"]}
+
+
+def run_all(plan: list[tuple], base: dict, raw_dir: Path, jobs: int) -> None:
+    """Run every (arm, lr, seed) of the plan, `jobs` at a time, the longest arms first so the tail is short."""
+    order = sorted(plan, key=lambda p: p[0] not in ("filter", "ssr_replace_stale"))
+    done = 0
+    if jobs == 1:  # in this process: what the tests use
+        for arm, lr, seed in order:
+            out = run_one(arm, lr, seed, base, str(raw_dir))
+            done += 1
+            print(f"[{done}/{len(plan)}] {out['name']} {out['wall_s']:.1f}s ({out['cpu_s']:.1f} CPU s)", flush=True)
+        return
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_one, arm, lr, seed, base, str(raw_dir)) for arm, lr, seed in order]
+        for future in as_completed(futures):
+            out = future.result()
+            done += 1
+            print(f"[{done}/{len(plan)}] {out['name']} {out['wall_s']:.1f}s ({out['cpu_s']:.1f} CPU s)", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Analysis: everything below reads only the raw files
+# ----------------------------------------------------------------------------------------------------------------------
+
+def load_raw(raw_dir: Path) -> list[dict]:
+    runs = []
+    for path in sorted(raw_dir.glob("*.json.gz")):
+        with gzip.open(path, "rt") as f:
+            runs.append(json.load(f))
+    return runs
+
+
+def series(columns_: dict, key: str) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in columns_.get(key, [])], dtype=float)
+
+
+def bootstrap_mean_ci(diffs: np.ndarray, n_boot: int = 10_000, seed: int = 0) -> list[float]:
+    """Percentile bootstrap 95% interval of the mean of paired differences, resampling seeds with replacement."""
+    diffs = diffs[~np.isnan(diffs)]
+    if len(diffs) < 2:
+        return [float("nan"), float("nan")]
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def paired(values: dict[int, float], baseline: dict[int, float], n_boot: int) -> dict:
+    """Arm minus GRPO, seed by seed: mean, bootstrap 95% interval, and on how many seeds the arm was ahead."""
+    seeds = sorted(set(values) & set(baseline))
+    d = np.array([values[s] - baseline[s] for s in seeds], dtype=float)
+    ci = bootstrap_mean_ci(d, n_boot)
+    return {"mean": round(float(np.nanmean(d)), 5) if len(d) else None, "ci95": [round(c, 5) for c in ci],
+            "ahead": int((d > 0).sum()), "seeds": len(seeds)}
+
+
+def train_measures(run: dict, points: list[int], window: int) -> dict[str, float]:
+    """Training reward: the mean over the `window` steps ending at each point, and over all steps (the area under
+    the curve divided by its length)."""
+    reward, steps = series(run["train"], "reward"), series(run["train"], "step")
+    out = {"auc": float(np.nanmean(reward))}
+    for p in points:
+        sel = (steps > p - window) & (steps <= p)
+        out[f"step{p}"] = float(np.nanmean(reward[sel])) if sel.any() else float("nan")
     return out
 
 
-def summarise(rows: list[dict], bin_size: int, tail: int) -> dict:
-    """The compact record of one run."""
-    last = rows[-tail:]
-    generation_batches = sum(r["generated"] + r["generation_retries"] for r in rows)
-    return {
-        "binned": {k: binned(rows, k, bin_size) for k in METRICS},
-        "final": {
-            "reward_last": round(float(np.mean([r["reward"] for r in last])), 4),
-            "completion_length_last": round(float(np.mean([r["completion_length"] for r in last])), 3),
-            "frac_reward_zero_std_all": round(float(np.mean([r["frac_reward_zero_std"] for r in rows])), 4),
-            "generation_batches": int(generation_batches),
-            "skipped_steps": int(rows[-1]["skipped_steps"]),
-            "first_step_with_spread": next((r["step"] for r in rows if r["frac_reward_zero_std"] < 1), None),
-        },
-    }
+def eval_measures(run: dict, points: list[int], key: str = "eval_reward") -> dict[str, float]:
+    """Held-out reward at each evaluation point, and the area under its curve (trapezoids) divided by its span."""
+    steps, values = series(run["eval"], "step"), series(run["eval"], key)
+    if len(steps) == 0:
+        return {}
+    out = {"auc": float(np.trapezoid(values, steps) / (steps[-1] - steps[0])) if len(steps) > 1 else float(values[0]),
+           "final": float(values[-1])}
+    for p in points:
+        if p in steps:
+            out[f"step{p}"] = float(values[list(steps).index(p)])
+    return out
 
+
+def staleness(run: dict) -> dict[str, float]:
+    """Run means of the replay metrics; |log ratio| is exactly 0 for an arm that never trains an older sample."""
+    t = run["train"]
+    out = {k: float(np.nanmean(series(t, k))) if np.isfinite(series(t, k)).any() else float("nan") for k in STALENESS}
+    age_max = series(t, "sample_age_max")
+    out["sample_age_max"] = float(np.nanmax(age_max)) if np.isfinite(age_max).any() else float("nan")
+    if np.isnan(out["replay_abs_log_ratio"]) and out["sample_age_max"] == 0:
+        out["replay_abs_log_ratio"] = 0.0
+    return out
+
+
+def cost(run: dict) -> dict[str, float]:
+    t = run["train"]
+    batches = np.nansum(series(t, "generated")) + np.nansum(series(t, "generation_retries"))
+    size = run["config"]["per_device_train_batch_size"] * run["config"]["gradient_accumulation_steps"]
+    return {"completions": float(batches * size), "wall_s": run["wall_s"], "cpu_s": run["cpu_s"],
+            "skipped_steps": float(series(t, "skipped_steps")[-1])}
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Rank correlation (no ties expected among run means)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3:
+        return float("nan")
+    rx, ry = np.argsort(np.argsort(x[keep])), np.argsort(np.argsort(y[keep]))
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _rounded(d: dict, digits: int = 5) -> dict:
+    return {k: (round(v, digits) if isinstance(v, float) and np.isfinite(v) else (None if isinstance(v, float) else v))
+            for k, v in d.items()}
+
+
+def analyse(runs: list[dict], points: list[int], window: int, n_boot: int) -> dict:
+    """The summary: per learning rate and arm, paired differences to GRPO, cost and staleness."""
+    notes = []
+    have_eval = any(len(r["eval"].get("step", [])) for r in runs)
+    if not have_eval:
+        has_flag = "eval_steps" in {f.name for f in dataclasses.fields(grpo_ssr.GRPOConfig)}
+        notes.append("no eval lines in the metrics: held-out analysis skipped ("
+                     + ("--eval_steps was 0" if has_flag else "this grpo_ssr has no eval_steps yet") + ")")
+    lrs = sorted({r["learning_rate"] for r in runs}, reverse=True)
+    arms = [a for a in ARMS if any(r["arm"] == a for r in runs)]
+    out = {"points": points, "window": window, "learning_rates": lrs, "arms": arms, "cells": {}, "notes": notes}
+    for lr in lrs:
+        cell = {}
+        measures = {}
+        for arm in arms:
+            own = {r["seed"]: r for r in runs if r["arm"] == arm and r["learning_rate"] == lr}
+            measures[arm] = {s: {"train": train_measures(r, points, window), "eval": eval_measures(r, points)}
+                             for s, r in own.items()}
+            st = [staleness(r) for r in own.values()]
+            co = [cost(r) for r in own.values()]
+            cell[arm] = {"seeds": sorted(own),
+                         "train": _rounded({k: float(np.nanmean([m["train"][k] for m in measures[arm].values()]))
+                                            for k in next(iter(measures[arm].values()))["train"]}),
+                         "staleness": _rounded({k: float(np.nanmean([s[k] for s in st])) for k in st[0]}),
+                         "cost": _rounded({"completions_per_run": float(np.mean([c["completions"] for c in co])),
+                                           "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
+                                           "wall_s_total": float(np.sum([c["wall_s"] for c in co])),
+                                           "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
+                                           "skipped_steps_per_run": float(np.mean([c["skipped_steps"] for c in co]))})}
+            if have_eval:
+                keys = next(iter(measures[arm].values()))["eval"]
+                cell[arm]["eval"] = _rounded({k: float(np.nanmean([m["eval"].get(k, np.nan)
+                                                                   for m in measures[arm].values()])) for k in keys})
+        if BASELINE in measures:
+            base = measures[BASELINE]
+            for arm in arms:
+                if arm == BASELINE:
+                    continue
+                for kind in ("train", "eval") if have_eval else ("train",):
+                    keys = next(iter(base.values()))[kind]
+                    cell[arm][f"vs_grpo_{kind}"] = {
+                        k: paired({s: m[kind].get(k, np.nan) for s, m in measures[arm].items()},
+                                  {s: m[kind].get(k, np.nan) for s, m in base.items()}, n_boot) for k in keys}
+        out["cells"][f"{lr:g}"] = cell
+    out["gain_follows_staleness"] = gain_vs_staleness(out, have_eval)
+    return out
+
+
+def gain_vs_staleness(summary: dict, have_eval: bool) -> dict:
+    """Across (arm, learning rate) cells: does the paired AUC gain fall as replayed tokens' |log ratio| grows?"""
+    rows = []
+    for lr, cell in summary["cells"].items():
+        for arm, c in cell.items():
+            if "vs_grpo_train" in c:
+                rows.append({"arm": arm, "learning_rate": float(lr),
+                             "replay_abs_log_ratio": c["staleness"]["replay_abs_log_ratio"],
+                             "clip_ratio": c["staleness"]["clip_ratio"], "sample_age": c["staleness"]["sample_age"],
+                             "gain_train_auc": c["vs_grpo_train"]["auc"]["mean"],
+                             "gain_eval_auc": c["vs_grpo_eval"]["auc"]["mean"] if have_eval else None})
+    out = {"cells": rows}
+    for gain in ("gain_train_auc", "gain_eval_auc") if have_eval else ("gain_train_auc",):
+        for dist in ("replay_abs_log_ratio", "clip_ratio", "sample_age"):
+            out[f"spearman_{gain}_vs_{dist}"] = round(spearman([r[dist] for r in rows], [r[gain] for r in rows]), 3)
+    return out
+
+
+def estimate(runs: list[dict], arms: list[str], lrs: list[float], seeds: int, steps: int, jobs: int) -> float:
+    """Minutes the given plan would take on `jobs` quiet cores. A run is one thread, so on a core of its own its wall
+    time is its CPU time: each arm's CPU seconds per step here times `steps`, plus its start-up (CPU time not spent in
+    steps, scaled by the CPU share the steps got). Wall time itself counts whatever else the machine was doing."""
+    def per_run(r):
+        step_wall = float(np.nansum(series(r["train"], "step_time")))
+        share = r["cpu_s"] / r["wall_s"]  # the share of a core this run got
+        return step_wall * share / max(1, len(r["train"]["step"])), r["cpu_s"] - step_wall * share
+
+    everyone = [per_run(r) for r in runs]
+    total = 0.0
+    for arm in arms:
+        own = [per_run(r) for r in runs if r["arm"] == arm] or everyone
+        total += (np.mean([o[0] for o in own]) * steps + np.mean([o[1] for o in own])) * len(lrs) * seeds
+    return float(total / jobs / 60)
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_summary(summary: dict) -> None:
+    for lr, cell in summary["cells"].items():
+        print(f"lr {lr}: training reward, paired difference to GRPO (AUC, mean [95% CI], seeds ahead)")
+        for arm, c in cell.items():
+            d = c.get("vs_grpo_train", {}).get("auc")
+            gain = (f"{_fmt(d['mean'], '+.4f')} [{_fmt(d['ci95'][0], '+.4f')}, {_fmt(d['ci95'][1], '+.4f')}] "
+                    f"{d['ahead']}/{d['seeds']}") if d else "(baseline)"
+            st, co = c["staleness"], c["cost"]
+            print(f"  {arm:18s} auc {_fmt(c['train']['auc'], '.4f')}  {gain:38s} "
+                  f"|logr| {_fmt(st['replay_abs_log_ratio'], '.3f')} clip {_fmt(st['clip_ratio'], '.3f')} "
+                  f"age {_fmt(st['sample_age'], '.1f')} completions {co['completions_per_run']:.0f} "
+                  f"wall {co['wall_s_per_run']:.0f}s")
+    for note in summary["notes"]:
+        print("note:", note)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------------------------------
 
 def parse_overrides(items: list[str]) -> dict:
     """FIELD=VALUE strings -> typed GRPOConfig keyword arguments (the type is taken from the field's default)."""
@@ -78,7 +335,7 @@ def parse_overrides(items: list[str]) -> dict:
     out = {}
     for item in items:
         key, _, value = item.partition("=")
-        if key not in defaults or key in ("reward_funcs", "replay_buffer_class", "seed", "output_dir"):
+        if key not in defaults or key in ("reward_funcs", "learning_rate", "seed", "output_dir", "max_steps"):
             raise SystemExit(f"--set {item!r}: not a GRPOConfig field this script lets you set")
         kind = type(defaults[key])
         if kind is bool:
@@ -93,51 +350,61 @@ def parse_overrides(items: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--rewards", nargs="+", default=list(REWARDS), choices=REWARDS)
-    p.add_argument("--buffers", nargs="+", default=list(BUFFERS), choices=BUFFERS)
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                   help="override GRPOConfig fields for every run, e.g. ssr_capacity_scalar=1 learning_rate=3e-4")
-    p.add_argument("--max_steps", type=int, default=250)
-    p.add_argument("--bin", type=int, default=5, help="steps per bin in the saved curves")
-    p.add_argument("--tail", type=int, default=50, help="steps averaged for the end-of-run numbers")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=str(HERE / "results" / "study.json"))
-    p.add_argument("--keep_runs", action="store_true", help="keep the runs in notebooks/results/runs (git-ignored)")
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
+    p.add_argument("--learning_rates", type=float, nargs="+", default=[1e-3, 3e-4])
+    p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    p.add_argument("--max_steps", type=int, default=150)
+    p.add_argument("--eval_steps", type=int, default=25, help="held-out evaluation every N steps (when grpo_ssr "
+                                                             "has eval_steps); 0 turns it off")
+    p.add_argument("--points", type=int, nargs="*", default=None, help="steps for the paired differences "
+                                                                     "(default: every 50 steps and the last)")
+    p.add_argument("--window", type=int, default=10, help="training-reward steps averaged at each point")
+    p.add_argument("--bootstrap", type=int, default=10_000, help="bootstrap resamples")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override GRPOConfig fields in "
+                   "every run, e.g. max_completion_length=32")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
+    p.add_argument("--out_dir", default=str(HERE / "results" / "replay_study"))
+    p.add_argument("--analyse_only", action="store_true", help="skip training; rebuild summary.json from raw/")
     args = p.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
-    runs_root = HERE / "results" / "runs" if args.keep_runs else Path(tempfile.mkdtemp(prefix="grpo_ssr_study_"))
+    out_dir, started = Path(args.out_dir), time.perf_counter()
+    raw_dir = out_dir / "raw"
     base = dict(max_steps=args.max_steps, device="cpu", **parse_overrides(args.set))
-    study = {"settings": {**base, "seeds": args.seeds, "rewards": args.rewards, "buffers": args.buffers,
-                          "bin": args.bin, "tail": args.tail, "threads": args.threads,
-                          "defaults": {k: v for k, v in vars(grpo_ssr.GRPOConfig()).items()
-                                       if k not in base and k != "output_dir"}},
-             "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"},
-             "runs": []}
-    started = time.perf_counter()
-    for reward in args.rewards:
-        for buffer in args.buffers:
-            for seed in args.seeds:
-                out = runs_root / f"{reward}-{buffer}-seed{seed}"
-                cfg = grpo_ssr.GRPOConfig(reward_funcs=reward, replay_buffer_class=buffer, seed=seed,
-                                          output_dir=str(out), overwrite_output_dir=True, **base)
-                t0 = time.perf_counter()
-                with contextlib.redirect_stdout(io.StringIO()):  # run() prints the resolved config
-                    grpo_ssr.run(cfg)
-                wall = time.perf_counter() - t0
-                rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-                study["runs"].append({"reward": reward, "buffer": buffer, "seed": seed, "wall_s": round(wall, 1),
-                                      **summarise(rows, args.bin, args.tail)})
-                f = study["runs"][-1]["final"]
-                print(f"{reward:18s} {buffer:16s} seed {seed}: reward(last {args.tail}) {f['reward_last']:8.3f}  "
-                      f"length {f['completion_length_last']:5.1f}  zero-spread {f['frac_reward_zero_std_all']:.3f}  "
-                      f"{wall:5.1f}s", flush=True)
-    study["total_wall_s"] = round(time.perf_counter() - started, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(study, separators=(",", ":")) + "\n")
-    print(f"wrote {args.out} ({Path(args.out).stat().st_size / 1024:.0f} KB) in {study['total_wall_s']:.0f}s")
+    if "eval_steps" in {f.name for f in dataclasses.fields(grpo_ssr.GRPOConfig)}:
+        base["eval_steps"] = args.eval_steps
+    if not args.analyse_only:
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        for stale in raw_dir.glob("*.json.gz"):  # a new study replaces the old one whole: no mixed settings
+            stale.unlink()
+        plan = [(arm, lr, seed) for arm in args.arms for lr in args.learning_rates for seed in args.seeds]
+        run_all(plan, base, raw_dir, args.jobs)
+    runs = load_raw(raw_dir)
+    if not runs:
+        raise SystemExit(f"no raw runs in {raw_dir}")
+    steps = max(len(r["train"]["step"]) for r in runs)
+    points = args.points or sorted({*range(50, steps + 1, 50), steps})
+    summary = analyse(runs, points, args.window, args.bootstrap)
+    first = runs[0]
+    summary["settings"] = {"reward": REWARD, "arm_flags": {a: ARMS[a] for a in summary["arms"]},
+                           "seeds": sorted({r["seed"] for r in runs}), "max_steps": steps, "jobs": args.jobs,
+                           "config": first["config"], "bootstrap": args.bootstrap}
+    summary["environment"] = {"python": platform.python_version(), "numpy": np.__version__,
+                              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+    if not args.analyse_only:
+        summary["total_wall_s"] = round(time.perf_counter() - started, 1)
+        full = [p.get_default(k) for k in ("learning_rates", "seeds", "max_steps", "jobs")]
+        summary["estimate_full_default_min"] = round(estimate(runs, DEFAULT_ARMS, full[0], len(full[1]), *full[2:]), 1)
+    elif (out_dir / "summary.json").is_file():  # keep what only the original run measured
+        old = json.loads((out_dir / "summary.json").read_text())
+        summary.update({k: old[k] for k in ("total_wall_s", "estimate_full_default_min") if k in old})
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print_summary(summary)
+    if "estimate_full_default_min" in summary:
+        print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default study ({len(DEFAULT_ARMS)} arms, "
+              f"learning rates {p.get_default('learning_rates')}, {len(p.get_default('seeds'))} seeds, "
+              f"{p.get_default('max_steps')} steps, {p.get_default('jobs')} jobs) would take about "
+              f"{summary['estimate_full_default_min']:.0f} minutes on quiet cores (from CPU time)")
+    print(f"wrote {out_dir / 'summary.json'} and {len(runs)} raw runs in {raw_dir}")
     return 0
 
 

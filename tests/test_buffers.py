@@ -150,3 +150,87 @@ def test_buffer_state_dict_round_trip():
     copy.load_state_dict(buf.state_dict())
     assert [s["uid"] for s in buf.sample(50)] == [s["uid"] for s in copy.sample(50)]
     assert copy.rejected == 1 and len(copy) == 4
+
+
+# --- ages: the decayed priority and the age limit (arXiv 2604.16918 and 2606.04560) ---------------------------------
+
+CHI2_CRIT_3DOF = 16.27  # p = 0.001, 3 degrees of freedom
+AGED_ADVS = [1.0, -2.0, 0.5, 3.0, -1.0, 2.0, 1.5, -0.5]
+AGED_STEPS = [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def _aged_items(advs=AGED_ADVS, steps=AGED_STEPS, first_uid=0):
+    return [{"uid": first_uid + i, "advantages": torch.tensor(a), "step": s}
+            for i, (a, s) in enumerate(zip(advs, steps))]
+
+
+def test_ssr_draws_follow_the_age_decayed_priority():
+    """P(i) ~ |A_i| * exp(-age_i / tau), with tau = 2 and the clock at step 3: ages 3, 3, 2, 2, 1, 1, 0, 0."""
+    buf = g.SSRReplayBuffer(capacity=16, alpha=1.0, seed=7, age_decay=2.0)
+    buf.add(_aged_items())
+    buf.advance_to(3)
+    e = np.exp
+    target = np.array([1.0 * e(-1.5), 2.0 * e(-1.5), 0.5 * e(-1.0), 3.0 * e(-1.0),
+                       1.0 * e(-0.5), 2.0 * e(-0.5), 1.5, 0.5])
+    target = target / target.sum()
+    assert np.allclose(buf.probabilities().numpy(), target)
+    counts = np.bincount([s["uid"] for s in buf.sample(40_000)], minlength=8)
+    assert _chi2(counts, target) < CHI2_CRIT_7DOF
+    plain = np.abs(AGED_ADVS) / np.abs(AGED_ADVS).sum()  # power: the undecayed |A| is told apart
+    assert _chi2(counts, plain) > 10 * CHI2_CRIT_7DOF
+    assert buf.effective_sample_size() == pytest.approx(1 / (target ** 2).sum())
+
+
+def test_ssr_age_limit_evicts_and_never_draws_old_samples():
+    buf = g.SSRReplayBuffer(capacity=16, alpha=1.0, seed=3, max_age=1)
+    buf.add(_aged_items())
+    buf.advance_to(2)  # ages 2, 2, 1, 1, 0, 0, -, -: the two of step 0 go
+    assert len(buf) == 6 and {s["uid"] for s in buf.slots if s is not None} == {2, 3, 4, 5, 6, 7}
+    buf.advance_to(3)  # now step 1 is too old as well
+    assert len(buf) == 4
+    counts = np.bincount([s["uid"] for s in buf.sample(20_000)], minlength=8)
+    assert counts[:4].sum() == 0
+    target = np.array([1.0, 2.0, 1.5, 0.5]) / 5.0  # |A| of steps 2 and 3
+    assert np.allclose(buf.probabilities().numpy(), target)
+    assert _chi2(counts[4:], target) < CHI2_CRIT_3DOF
+    buf.advance_to(10)  # everything is too old: nothing to draw, a clear error
+    assert len(buf) == 0 and not buf.can_serve(1)
+    with pytest.raises(ValueError, match="too old"):
+        buf.sample(1)
+
+
+def test_ssr_age_limit_holds_for_samples_added_out_of_step_order():
+    """Eviction leaves from the tail, so a too-old sample behind a younger one stays stored; it is still never drawn."""
+    buf = g.SSRReplayBuffer(capacity=8, alpha=1.0, seed=5, max_age=1)
+    buf.add(_aged_items([1.0, 5.0, 2.0], [3, 0, 3]))
+    buf.advance_to(3)
+    assert len(buf) == 3
+    counts = np.bincount([s["uid"] for s in buf.sample(5_000)], minlength=3)
+    assert counts[1] == 0 and counts[0] > 0 and counts[2] > 0
+    assert np.allclose(buf.probabilities().numpy(), [1 / 3, 0.0, 2 / 3])
+
+
+def test_ssr_ring_stays_aligned_after_eviction_and_wrap():
+    """Eviction frees the tail of the ring; later adds wrap around it and FIFO eviction still drops the oldest."""
+    buf = g.SSRReplayBuffer(capacity=4, alpha=1.0, seed=0, max_age=1)
+    buf.add(_aged_items([1.0, 2.0, 3.0], [0, 0, 1]))
+    buf.advance_to(2)  # uids 0, 1 evicted; uid 2 (step 1) stays
+    buf.add(_aged_items([10.0, 20.0, 40.0], [2, 2, 2], first_uid=10))  # wraps: slots 3, 0, 1
+    assert len(buf) == 4
+    assert np.allclose(buf.probabilities().numpy(), np.array([3.0, 10.0, 20.0, 40.0]) / 73.0)  # oldest first
+    buf.add(_aged_items([80.0], [2], first_uid=20))  # full: FIFO evicts uid 2, the oldest
+    assert {s["uid"] for s in buf.slots} == {10, 11, 12, 20}
+    assert np.allclose(buf.probabilities().numpy(), np.array([10.0, 20.0, 40.0, 80.0]) / 150.0)
+    counts = np.bincount([s["uid"] for s in buf.sample(20_000)], minlength=21)[[10, 11, 12, 20]]
+    assert _chi2(counts, np.array([10.0, 20.0, 40.0, 80.0]) / 150.0) < CHI2_CRIT_3DOF
+
+
+def test_aged_buffer_state_dict_round_trip():
+    buf = g.SSRReplayBuffer(capacity=16, alpha=1.0, seed=3, max_age=2, age_decay=1.5)
+    buf.add(_aged_items())
+    buf.advance_to(3)
+    copy = g.SSRReplayBuffer(capacity=16, alpha=1.0, seed=99, max_age=2, age_decay=1.5)
+    copy.load_state_dict(buf.state_dict())
+    assert copy.now == 3 and len(copy) == len(buf) == 6
+    assert torch.equal(copy.probabilities(), buf.probabilities())
+    assert [s["uid"] for s in buf.sample(50)] == [s["uid"] for s in copy.sample(50)]

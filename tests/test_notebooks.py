@@ -169,27 +169,40 @@ def test_readme_lists_every_notebook():
 # ----------------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_run_study_writes_what_notebook_05_reads(tmp_path, capsys):
+def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
+    """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
+    bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
     sys.path.insert(0, str(NOTEBOOK_DIR))
     import run_study
 
     import torch
 
-    out = tmp_path / "study.json"
+    out = tmp_path / "study"
+    args = ["--arms", "grpo", "ssr_fill", "--learning_rates", "1e-3", "--seeds", "0", "1", "--max_steps", "4",
+            "--points", "2", "4", "--window", "2", "--bootstrap", "200", "--jobs", "1", "--out_dir", str(out),
+            "--set", "max_completion_length=64", "ssr_capacity_scalar=2"]
     threads = torch.get_num_threads()
     try:
-        assert run_study.main(["--seeds", "0", "--max_steps", "3", "--bin", "2", "--tail", "2", "--out", str(out),
-                               "--set", "max_completion_length=16"]) == 0
+        assert run_study.main(args) == 0
     finally:
         torch.set_num_threads(threads)  # the script pins one thread; leave the rest of the suite as it was
-    study = json.loads(out.read_text())
-    assert study["settings"]["max_completion_length"] == 16
-    assert len(study["runs"]) == len(run_study.REWARDS) * len(run_study.BUFFERS)
-    for run in study["runs"]:
-        assert set(run_study.METRICS) <= set(run["binned"]) and len(run["binned"]["reward"]) == 2
-        assert {"reward_last", "completion_length_last", "generation_batches"} <= set(run["final"])
-    committed = json.loads((NOTEBOOK_DIR / "results" / "study.json").read_text())
-    assert set(committed["runs"][0]["binned"]) == set(study["runs"][0]["binned"])
+    raw = sorted(p.name for p in (out / "raw").iterdir())
+    assert raw == [f"{a}-lr0.001-seed{s}.json.gz" for a in ("grpo", "ssr_fill") for s in (0, 1)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["config"]["ssr_capacity_scalar"] == 2
+    cell = summary["cells"]["0.001"]
+    assert cell["ssr_fill"]["vs_grpo_train"]["auc"]["seeds"] == 2
+    assert set(cell["ssr_fill"]["vs_grpo_train"]) == {"auc", "step2", "step4"}
+    assert cell["grpo"]["staleness"]["frac_zero_adv_trained"] > 0  # GRPO trains zero-advantage samples
+    assert cell["ssr_fill"]["staleness"]["frac_zero_adv_trained"] == 0  # SSR does not
+    assert cell["grpo"]["cost"]["completions_per_run"] == 4 * 16
+    run = run_study.load_raw(out / "raw")[0]
+    assert len(run["train"]["step"]) == 4 and "replay_abs_log_ratio" in run_study.STALENESS
+    if not run["eval"]:
+        assert any("held-out analysis skipped" in n for n in summary["notes"])
+    assert run_study.main(args + ["--analyse_only"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again == summary  # every number comes back from the raw data
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ BAD_CONFIGS = [
     (["--max_grad_norm", "0"], "--max_grad_norm"),
     (["--ssr_alpha", "-1"], "--ssr_alpha"),
     (["--ssr_capacity_scalar", "0"], "--ssr_capacity_scalar"),
+    (["--ssr_mode", "append"], "--ssr_mode"),
+    (["--ssr_max_age", "-1"], "--ssr_max_age"),
+    (["--ssr_age_decay", "-2"], "--ssr_age_decay"),
     (["--loss_type", "ppo"], "--loss_type"),
     (["--replay_buffer_class", "PrioritizedBuffer"], "--replay_buffer_class"),
     (["--device", "tpu"], "--device"),
@@ -164,10 +167,13 @@ def _same(a, b, keys=("reward", "loss", "buffer_size", "clip_ratio", "completion
     return all(a[k] == b[k] for k in keys)
 
 
-@pytest.mark.parametrize("buffer", ["SSRReplayBuffer", "ReplayBuffer"])
+@pytest.mark.parametrize("buffer", ["SSRReplayBuffer", "ReplayBuffer", "fill"])
 def test_resume_reproduces_the_uninterrupted_run(cfg_factory, buffer):
     n = 3
-    cfg = cfg_factory(replay_buffer_class=buffer, max_steps=2 * n, save_steps=n, num_iterations=2)
+    # "fill": SSR in fill mode with an age limit; its fresh batch spans the checkpoint (num_iterations 2)
+    extra = dict(replay_buffer_class="SSRReplayBuffer", ssr_mode="fill", ssr_max_age=2) if buffer == "fill" \
+        else dict(replay_buffer_class=buffer)
+    cfg = cfg_factory(**extra, max_steps=2 * n, save_steps=n, num_iterations=2)
     g.run(cfg)
     out = g.Path(cfg.output_dir)
     full = _rows(out)

@@ -175,3 +175,116 @@ def test_short_aliases_select_the_same_buffers(cfg_factory):
     assert type(g.make_buffer(cfg_factory(replay_buffer_class="uniform"))) is g.ReplayBuffer
     cfg = cfg_factory()
     assert g.make_buffer(cfg).capacity == cfg.generation_batch_size * cfg.ssr_capacity_scalar
+
+
+# --- ssr_mode fill, the age limit and Filter, through the real loop ----------------------------------------------
+
+def _steps_of(spy, trainer, accum):
+    """The samples each step trained, from the repad calls (one per micro-batch, accum per step)."""
+    return [[s for mb in spy.trained[i:i + accum] for s in mb] for i in range(0, len(spy.trained), accum)]
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_fill_trains_every_fresh_nonzero_sample_in_the_step_that_made_it(cfg_factory, monkeypatch, num_iterations):
+    """ssr_mode fill: every fresh non-zero sample trains in its batch's step(s), every time; buffer draws take
+    exactly the slots of the zero-advantage ones. (In replace mode, or with SSR off, this fails.)"""
+    accum, steps = 2, 6
+    cfg = cfg_factory(ssr_mode="fill", gradient_accumulation_steps=accum, num_iterations=num_iterations,
+                      max_steps=steps)
+    trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
+    spy = Spy(trainer, monkeypatch)
+    nonzero_seen = zero_seen = 0
+    for step in range(steps):
+        drawn_before = len(spy.drawn)
+        m = trainer.train_step()
+        fresh = spy.generated[-1]
+        trained = _steps_of(spy, trainer, accum)[step]
+        keep = [s for s in fresh if float(s["advantages"]) != 0]
+        zero = [s for s in fresh if float(s["advantages"]) == 0]
+        assert trained[:len(keep)] == keep, "every fresh non-zero sample trains, in the step that made it"
+        draws = [s for d in spy.drawn[drawn_before:] for s in d]
+        assert trained[len(keep):] == draws and len(draws) == len(zero)  # draws fill the zero slots, only them
+        assert len(trained) == cfg.generation_batch_size and m["frac_zero_adv_trained"] == 0.0
+        nonzero_seen, zero_seen = nonzero_seen + len(keep), zero_seen + len(zero)
+    assert len(spy.generated) == steps // num_iterations  # the cadence: one batch per num_iterations steps
+    assert nonzero_seen > 0 and zero_seen > 0
+
+
+@pytest.mark.parametrize("mode", ["replace", "fill"])
+def test_max_age_no_trained_sample_is_older_than_k(cfg_factory, monkeypatch, mode):
+    ages = {}
+    for max_age in (None, 1):
+        cfg = cfg_factory(ssr_mode=mode, ssr_max_age=max_age, max_steps=10, output_dir=f"{max_age}")
+        trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
+        spy = Spy(trainer, monkeypatch)
+        history, held_ages = [], []
+        for _ in range(cfg.max_steps):
+            history.append(trainer.train_step())
+            held_ages += [trainer.step - 1 - s["step"] for s in trainer.buffer.slots if s is not None]
+        trained = _steps_of(spy, trainer, 1)
+        ages[max_age] = [step - s["step"] for step, samples in enumerate(trained) for s in samples]
+        assert max(m["sample_age_max"] for m in history) == max(ages[max_age])
+        if max_age is not None:
+            assert max(held_ages) <= max_age  # too-old samples are evicted, not only skipped
+    assert max(ages[None]) > 1, "without the limit this run replays older samples: the test has power"
+    assert max(ages[1]) <= 1
+
+
+def test_filter_trains_only_current_step_samples_and_regenerates(cfg_factory, monkeypatch):
+    """Filter (fill, max_age 0): the zero slots repeat this step's own non-zero samples; a batch without any is
+    generated again."""
+    calls = {"n": 0}
+
+    def flat_first(completions, prompts, **kw):
+        calls["n"] += 1
+        return [0.0] * len(completions) if calls["n"] == 1 else group_gated_reward(completions, prompts)
+
+    cfg = cfg_factory(ssr_mode="fill", ssr_max_age=0, max_steps=5)
+    trainer = g.GRPOTrainer(cfg, reward_funcs=[flat_first])
+    spy = Spy(trainer, monkeypatch)
+    history = []
+    for step in range(cfg.max_steps):
+        history.append(trainer.train_step())
+        samples = _steps_of(spy, trainer, 1)[step]
+        fresh_nonzero = {id(s) for s in spy.generated[-1] if float(s["advantages"]) != 0}
+        assert {id(s) for s in samples} <= fresh_nonzero, "Filter trains only this step's non-zero samples"
+        assert all(s["step"] == step for s in samples)
+    assert history[0]["generation_retries"] == 1 and history[0]["skipped"] == 0
+    assert all(m["sample_age_max"] == 0 for m in history)
+    assert any(m["unique_sample_frac"] < 1 for m in history)  # zero slots were filled by repeats
+
+
+def binary_gated_reward(completions, prompts, **kw):
+    """A binary reward (even length) for half of the prompts, 0 for the rest: zero-spread groups, no ties inside a
+    group with spread, so the zero-advantage samples are exactly those of the zero-spread groups."""
+    return [0.0 if ("cooking" in p or "running" in p) else float(len(c) % 2 == 0) for c, p in zip(completions, prompts)]
+
+
+def test_trained_sample_metrics_tell_grpo_from_ssr(cfg_factory, monkeypatch):
+    """Plain GRPO trains its zero-advantage samples (its share equals frac_reward_zero_std), SSR never does; each
+    metric is recomputed from what the loop really trained. If SSR were silently off, frac_zero_adv_trained > 0."""
+    for buffer, mode in (("ReplayBuffer", "replace"), ("SSRReplayBuffer", "replace"), ("SSRReplayBuffer", "fill")):
+        cfg = cfg_factory(replay_buffer_class=buffer, ssr_mode=mode, max_steps=6, learning_rate=1e-2,
+                          output_dir=f"{buffer}-{mode}")
+        trainer = g.GRPOTrainer(cfg, reward_funcs=[binary_gated_reward])
+        spy = Spy(trainer, monkeypatch)
+        history = [trainer.train_step() for _ in range(cfg.max_steps)]
+        for step, (m, samples, rec) in enumerate(zip(history, _steps_of(spy, trainer, 1), spy.losses)):
+            zero = sum(float(s["advantages"]) == 0 for s in samples) / len(samples)
+            assert m["frac_zero_adv_trained"] == pytest.approx(zero)
+            assert m["unique_sample_frac"] == pytest.approx(len({s["uid"] for s in samples}) / len(samples))
+            stale = torch.tensor([s["step"] < step for s in samples])[:, None] & rec["mask"].bool()
+            if stale.any():
+                expected = (rec["logps"] - rec["old"]).abs()[stale].mean().item()
+                assert m["replay_abs_log_ratio"] == pytest.approx(expected, rel=1e-5)
+            else:
+                assert "replay_abs_log_ratio" not in m
+            if buffer == "ReplayBuffer":
+                assert m["frac_zero_adv_trained"] == pytest.approx(m["frac_reward_zero_std"])
+                assert m["unique_sample_frac"] == 1.0 and m["sample_age_max"] == 0
+            else:
+                assert m["frac_zero_adv_trained"] == 0.0
+        if buffer == "ReplayBuffer":
+            assert max(m["frac_zero_adv_trained"] for m in history) > 0
+        else:
+            assert any(m.get("replay_abs_log_ratio", 0) > 0 for m in history)  # replays, from moved weights

@@ -35,7 +35,7 @@ def test_main_trains_and_writes_everything(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in ("reward", "reward_std", "frac_reward_zero_std", "loss", "completion_length", "clip_ratio",
                 "buffer_size", "step_time", "replay_frac", "sample_age", "adv_abs_trained", "adv_abs_fresh",
-                "zero_adv_rejected", "buffer_ess"):
+                "zero_adv_rejected", "buffer_ess", "frac_zero_adv_trained", "unique_sample_frac", "sample_age_max"):
         assert key in rows[0], key
     assert "kl" not in rows[0]  # beta = 0
     saved = json.loads((out / "grpo_config.json").read_text())
