@@ -50,6 +50,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -83,13 +84,15 @@ class GRPOConfig:
     # --- model and data
     model: str = _opt("tiny", "'tiny' builds a small random Qwen2 with a byte tokenizer, offline; otherwise a Hub id "
                               "(e.g. Qwen/Qwen2-0.5B-Instruct) or a local folder, loaded with from_pretrained.")
-    dataset: str = _opt("builtin", "'builtin' is a set of TL;DR-style prompts made in code; otherwise a Hub id "
-                                   "(e.g. trl-lib/tldr) or a local .json/.jsonl/.csv/.parquet file.")
+    dataset: str = _opt("builtin", "'builtin' is a set of TL;DR-style prompts made in code; 'arithmetic' (or "
+                                   "'arithmetic:1,2,3') sums at difficulty levels 1-3 with an `answer` column; "
+                                   "otherwise a Hub id (e.g. trl-lib/tldr) or a local .json/.jsonl/.csv/.parquet file.")
     dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
     prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or a list of chat messages that goes "
                                         "through the tokenizer's chat template.")
     reward_funcs: str = _opt("reward_len", "Comma-separated reward functions defined in this file: reward_len "
-                                           "(-|20 - length|) or reward_len_binary (1 if within 2 characters of 20). "
+                                           "(-|20 - length|), reward_len_binary (1 if within 2 characters of 20) "
+                                           "or reward_accuracy (1 if the first number equals the `answer` column). "
                                            "From Python, pass any functions with TRL's signature to GRPOTrainer.")
     reward_weights: Optional[str] = _opt(None, "Comma-separated weight per reward function; default all 1.0.")
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
@@ -129,7 +132,21 @@ class GRPOConfig:
     ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha. 0 is uniform over the stored samples.")
     max_generation_retries: int = _opt(3, "With SSR, how many extra generation batches to try when the buffer is "
                                           "empty because every group had zero reward spread; then the step is skipped.")
+    # --- evaluation
+    eval_steps: int = _opt(50, "Score the policy on held-out prompts at step 0, every this many steps and at the last "
+                               "step, as `eval_` lines in metrics.jsonl; 0 turns it off. 50 costs the default run "
+                               "about a second per evaluation.")
+    eval_dataset: Optional[str] = _opt(None, "Held-out prompts. Default: the held-out split of --dataset builtin or "
+                                             "arithmetic, which never overlaps the training prompts. Otherwise a split "
+                                             "name of --dataset (e.g. test) or a local file; without one, no evaluation.")
+    eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
+    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt at --temperature, besides the "
+                                        "greedy one. 4 keeps an evaluation of the recipe near 10 s on 2 CPU cores.")
+    eval_only: bool = _opt(False, "Train nothing: evaluate --model, and the trained model in --output_dir if there is "
+                                  "one, on the held-out prompts and print them side by side (a before/after table).")
     # --- efficiency
+    bf16: Optional[bool] = _opt(None, "bf16 autocast. Default: on for GPUs that support it, off on CPU. --bf16 turns "
+                                      "it on on a CPU too (faster on CPUs with bf16 instructions); --bf16 false off.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation, forward and "
                                        "backward: chunk x vocabulary x 4 bytes (311 MB at Qwen2's 151,936 tokens).")
     # --- output and checkpoints
@@ -177,6 +194,9 @@ def validate_config(cfg: GRPOConfig) -> None:
     _check(cfg.device in DEVICES, "device", cfg.device, f"choose one of {', '.join(DEVICES)}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
+    if cfg.dataset.startswith("arithmetic"):
+        _check(arithmetic_levels(cfg.dataset) is not None, "dataset", cfg.dataset,
+               f"write arithmetic or arithmetic:LEVELS with levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
     names = [n.strip() for n in cfg.reward_funcs.split(",")]
     for n in names:
         _check(n in REWARD_FUNCS, "reward_funcs", cfg.reward_funcs, f"choose from {', '.join(REWARD_FUNCS)}")
@@ -187,22 +207,29 @@ def validate_config(cfg: GRPOConfig) -> None:
             weights = []
         _check(len(weights) == len(names), "reward_weights", cfg.reward_weights,
                f"give {len(names)} comma-separated number(s), one per reward function")
+    # evaluation
+    _check(cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be >= 0 (0 turns evaluation off)")
+    _check(cfg.eval_max_prompts >= 0, "eval_max_prompts", cfg.eval_max_prompts, "must be >= 0 (0 scores all)")
+    _check(cfg.eval_num_generations >= 1, "eval_num_generations", cfg.eval_num_generations, "must be >= 1")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Device and seeds: chosen in one place.
 # ----------------------------------------------------------------------------------------------------------------------
 
-def pick_device(name: str = "auto") -> tuple[torch.device, Any]:
-    """Return the device and the autocast context to run the model under (bf16 on GPUs that support it)."""
+def pick_device(name: str = "auto", bf16: Optional[bool] = None) -> tuple[torch.device, Any]:
+    """Return the device and the autocast context to run the model under: bf16 on GPUs that support it, unless
+    `bf16` is False; on a CPU only when `bf16` is True (the weights and the optimizer stay float32 either way)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return device, lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    if bf16 is None:
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if bf16:
+        return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return device, nullcontext
 
 
@@ -457,13 +484,74 @@ BUILTIN_POSTS = [
 ]
 
 
-def builtin_prompts() -> list[dict]:
-    """TL;DR-style prompts, made in code so the default run downloads nothing."""
+# Held out: whole posts that no training prompt contains, so evaluation measures what carries over to new posts.
+BUILTIN_HELDOUT_POSTS = [
+    "My sister borrowed money for a car six months ago and has not mentioned paying it back since.",
+    "I burn garlic every time I make pasta sauce, even when the heat is low.",
+    "My landlord wants to enter the flat every week for an inspection. Is that allowed?",
+    "I ran my first half marathon and now my calves cramp every night.",
+]
+
+
+def builtin_prompts(heldout: bool = False) -> list[dict]:
+    """TL;DR-style prompts, made in code so the default run downloads nothing: 36 for training, 12 held out."""
     rows = []
-    for i, post in enumerate(BUILTIN_POSTS):
+    for i, post in enumerate(BUILTIN_HELDOUT_POSTS if heldout else BUILTIN_POSTS):
         for j, sub in enumerate(BUILTIN_SUBREDDITS):
-            if (i + j) % 2 == 0:  # 36 distinct prompts, each post under three subreddits
+            if (i + j) % 2 == 0:  # each post under three subreddits
                 rows.append({"prompt": f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"})
+    return rows
+
+
+# A verifiable task: sums at three levels, asked as short chat prompts ("7 + 5 =") so a CPU step stays cheap. For
+# SmolLM2-135M-Instruct, level 1 gives groups that are all wrong, mixed and (after a little training) all right;
+# levels 2 and 3 are mostly all wrong at first and leave room to learn for longer.
+ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
+ARITHMETIC_LEVELS = {1: ((0, 9), (0, 9)),      # one digit + one digit: all 100 questions
+                     2: ((10, 99), (0, 9)),    # two digits + one digit: 100 of them
+                     3: ((10, 99), (10, 99))}  # two digits + two digits: 100 of them
+ARITHMETIC_HELDOUT_FRACTION = 0.3
+
+
+def arithmetic_levels(name: str) -> Optional[list[int]]:
+    """'arithmetic' -> [1, 2]; 'arithmetic:1,3' -> [1, 3]; anything else (or an unknown level) -> None."""
+    if name == "arithmetic":
+        return [1, 2]
+    head, _, tail = name.partition(":")
+    try:
+        levels = sorted({int(x) for x in tail.split(",")})
+    except ValueError:
+        return None
+    return levels if head == "arithmetic" and levels and set(levels) <= set(ARITHMETIC_LEVELS) else None
+
+
+def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
+    """Sum questions with an `answer` column (an int). Each level has about 100 questions, 30% of them held out.
+
+    The split is by unordered pair and fixed (it does not depend on --seed), so "3 + 4 =" and "4 + 3 =" fall on the
+    same side and the held-out questions are the same in every run. Held-out rows alternate between levels, so the
+    first --eval_max_prompts of them cover every level.
+    """
+    per_level = []
+    for level in levels:
+        (lo_a, hi_a), (lo_b, hi_b) = ARITHMETIC_LEVELS[level]
+        pairs = sorted({tuple(sorted((a, b))) for a in range(lo_a, hi_a + 1) for b in range(lo_b, hi_b + 1)})
+        pairs = [pairs[i] for i in np.random.default_rng(level).permutation(len(pairs))]
+        questions, kept = [], []
+        for pair in pairs:  # whole pairs, both orders, until the level has 100 questions
+            if len(questions) >= 100:
+                break
+            ordered = sorted({pair, pair[::-1]})
+            questions += ordered
+            kept.append(ordered)
+        cut = round(len(kept) * ARITHMETIC_HELDOUT_FRACTION)
+        chosen = kept[:cut] if heldout else kept[cut:]
+        per_level.append([{"prompt": [{"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
+                                      {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
+                          for ordered in chosen for a, b in ordered])
+    rows = []
+    for i in range(max(len(p) for p in per_level)):  # round-robin over the levels
+        rows += [p[i] for p in per_level if i < len(p)]
     return rows
 
 
@@ -497,8 +585,8 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
     """Return the dataset as a list of rows (dicts); each has `prompt_column` plus any other columns."""
-    if name == "builtin":
-        rows = builtin_prompts()
+    if name == "builtin" or arithmetic_levels(name) is not None:
+        rows = builtin_prompts() if name == "builtin" else arithmetic_prompts(arithmetic_levels(name))
         prompt_column = "prompt"
     else:
         from datasets import load_dataset
@@ -527,6 +615,23 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
     if prompt_column != "prompt":
         rows = [{**r, "prompt": r[prompt_column]} for r in rows]
     return rows
+
+
+def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
+    """The held-out prompts (the first --eval_max_prompts): the built-in held-out split of builtin and arithmetic,
+    else --eval_dataset as a local file or a split of --dataset. None when there is nothing to evaluate on."""
+    if cfg.eval_dataset is None:
+        if cfg.dataset == "builtin":
+            rows = builtin_prompts(heldout=True)
+        elif arithmetic_levels(cfg.dataset) is not None:
+            rows = arithmetic_prompts(arithmetic_levels(cfg.dataset), heldout=True)
+        else:
+            return None
+    elif Path(cfg.eval_dataset).suffix in LOCAL_FORMATS:
+        rows = load_prompts(cfg.eval_dataset, "train", cfg.prompt_column)
+    else:
+        rows = load_prompts(cfg.dataset, cfg.eval_dataset, cfg.prompt_column)
+    return rows[:cfg.eval_max_prompts] if cfg.eval_max_prompts else rows
 
 
 class PromptSampler:
@@ -572,7 +677,27 @@ def reward_len_binary(completions: list, **kwargs) -> list[float]:
     return [1.0 if abs(20 - len(_text(c))) <= 2 else 0.0 for c in completions]
 
 
-REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary}
+FIRST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> Optional[float]:
+    """The first number in the text: an optional minus sign, digits, and an optional decimal part ("12.5"; "12." at
+    the end of a sentence reads as 12). None when there is no number."""
+    match = FIRST_NUMBER.search(text)
+    return float(match.group()) if match else None
+
+
+def reward_accuracy(completions: list, answer: list, **kwargs) -> list[float]:
+    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0.
+
+    Only the first number counts. A rule that accepts the answer anywhere in the completion is gamed: the model learns
+    to restate the question ("7 + 5 = 12" contains 12, but also 7 and 5), or to list numbers until one is right.
+    """
+    return [1.0 if extract_answer(_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary,
+                                     "reward_accuracy": reward_accuracy}
 
 
 def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
@@ -646,14 +771,15 @@ def _cache_kwarg(model) -> str:
 
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
-                         max_completion_length: int, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+                         max_completion_length: int, temperature: float = 1.0,
+                         greedy: bool = False) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
 
     Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). This is a plain decode loop with a
     KV cache, not `model.generate`, so the sampling rule is exactly `sample_next_token` and nothing the model's
     generation config says can change it. Each prompt is run through the model once, not G times: its cache is
     then repeated for the G completions of its group. A row that samples EOS is padded from then on, and the loop
-    stops as soon as every row has ended.
+    stops as soon as every row has ended. `greedy` takes the most likely token instead (held-out evaluation).
     """
     device = next(model.parameters()).device
     enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
@@ -683,7 +809,8 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     completion_ids = prompt_ids.new_full((B, C), pad)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
     for t in range(C):
-        token = torch.where(ended, pad, sample_next_token(logits, temperature))  # (B,): completion token t
+        drawn = logits.argmax(dim=-1) if greedy else sample_next_token(logits, temperature)
+        token = torch.where(ended, pad, drawn)  # (B,): completion token t
         completion_ids[:, t] = token
         ended |= token == eos
         if t == C - 1 or bool(ended.all()):
@@ -693,6 +820,67 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
             "completion_mask": completion_mask_from_eos(completion_ids, eos)}
+
+
+def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
+                      reward_funcs: list[Callable], weights: list[float]) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Decode a batch from generate_completions and score it against its prompt rows.
+
+    Returns the weighted rewards (B,), the per-function scores (B, F) and the completions as the reward functions saw
+    them: strings, or for chat prompts a list holding one assistant message. Dataset columns are repeated per
+    completion and passed as keyword arguments.
+    """
+    mask = batch["completion_mask"]
+    texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
+                                   skip_special_tokens=True)
+    chat = not isinstance(rows[0]["prompt"], str)
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+    repeated = [r for r in rows for _ in range(num_generations)]
+    columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
+    rewards, per_func = score_completions(reward_funcs, weights, [r["prompt"] for r in repeated], completions, columns)
+    return rewards, per_func, completions
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], reward_weights: Optional[list] = None,
+             *, num_generations: int = 4, temperature: float = 1.0, max_prompt_length: int = 512,
+             max_completion_length: int = 64, seed: int = 0, batch_prompts: int = 32,
+             autocast: Callable = nullcontext) -> dict[str, float]:
+    """Score a model on held-out prompts: one greedy completion and `num_generations` sampled ones (at `temperature`)
+    per prompt. Works on any model, e.g. `load_model(path)` of a saved run.
+
+    Returns `eval_reward`, `eval_greedy_reward` (means of the weighted reward), the mean completion lengths, and, when
+    every reward is 0 or 1 (a binary reward), `eval_accuracy` and `eval_greedy_accuracy`: the share of completions
+    scoring 1. Sampling uses its own random stream seeded with `seed` and leaves the caller's untouched, so turning
+    evaluation on does not change training, and every evaluation of a run draws with the same seed.
+    """
+    weights = reward_weights or [1.0] * len(reward_funcs)
+    device, was_training = next(model.parameters()).device, model.training
+    model.eval()
+    start = time.perf_counter()
+    scores = {"greedy": [], "sampled": []}
+    lengths = {"greedy": [], "sampled": []}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for s in range(0, len(rows), batch_prompts):
+            chunk = rows[s:s + batch_prompts]
+            for mode, n in (("greedy", 1), ("sampled", num_generations)):
+                with autocast():
+                    batch = generate_completions(model, tokenizer, prompt_texts(chunk, tokenizer), n,
+                                                 max_prompt_length, max_completion_length, temperature,
+                                                 greedy=mode == "greedy")
+                scores[mode].append(score_generations(batch, chunk, n, tokenizer, reward_funcs, weights)[0])
+                lengths[mode].append(batch["completion_mask"].sum(1).float())
+    model.train(was_training)
+    rewards = {mode: torch.cat(v) for mode, v in scores.items()}
+    binary = all(bool(((r == 0) | (r == 1)).all()) for r in rewards.values())
+    out = {}
+    for mode, prefix in (("sampled", "eval_"), ("greedy", "eval_greedy_")):
+        out[f"{prefix}reward"] = rewards[mode].mean().item()
+        if binary:
+            out[f"{prefix}accuracy"] = (rewards[mode] == 1).float().mean().item()
+        out[f"{prefix}completion_length"] = torch.cat(lengths[mode]).mean().item()
+    return {**out, "eval_prompts": len(rows), "eval_time": time.perf_counter() - start}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1072,12 +1260,16 @@ class GRPOTrainer:
                  dataset: Optional[list[dict]] = None):
         validate_config(cfg)
         self.cfg = cfg
-        self.device, self.autocast = pick_device(cfg.device)
+        self.device, self.autocast = pick_device(cfg.device, cfg.bf16)
         self.dist = Dist(self.device)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
         self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
                                                                          cfg.prompt_column)
+        self.eval_rows = load_eval_prompts(cfg) if cfg.eval_steps > 0 else None
+        if cfg.eval_steps > 0 and self.eval_rows is None and self.dist.main:
+            print(f"note: --dataset {cfg.dataset!r} has no built-in held-out split and --eval_dataset is not set: "
+                  "no evaluation", file=sys.stderr)
         if model is None:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
@@ -1146,14 +1338,8 @@ class GRPOTrainer:
             batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
                                          cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature)
         self.model.train()
-        texts = tok.batch_decode(batch["completion_ids"] * batch["completion_mask"] + tok.pad_token_id
-                                 * (1 - batch["completion_mask"]), skip_special_tokens=True)
-        chat = not isinstance(rows[0]["prompt"], str)
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
-        repeated = [r for r in rows for _ in range(cfg.num_generations)]
-        columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
-        rewards, per_func = score_completions(self.reward_funcs, self.reward_weights,
-                                              [r["prompt"] for r in repeated], completions, columns)
+        rewards, per_func, _ = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
+                                                 self.reward_weights)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
         batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
@@ -1276,6 +1462,18 @@ class GRPOTrainer:
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
 
+    def run_evaluation(self) -> dict[str, float]:
+        """Score the current policy on the held-out prompts (see `evaluate`). Rank 0 evaluates, the others wait."""
+        cfg, metrics = self.cfg, {}
+        if self.dist.main:
+            metrics = {"step": self.step, **evaluate(
+                self.model, self.tokenizer, self.eval_rows, self.reward_funcs, self.reward_weights,
+                num_generations=cfg.eval_num_generations, temperature=cfg.temperature,
+                max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
+                seed=cfg.seed, autocast=self.autocast)}
+        self.dist.barrier()
+        return metrics
+
     def _buffer_metrics(self) -> dict[str, float]:
         return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
                 "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
@@ -1299,16 +1497,24 @@ class GRPOTrainer:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
                          **({} if main else {"disable": True})) as bar:  # rank 0 honours TQDM_DISABLE
-                while self.step < cfg.max_steps and not self._stop_requested():
-                    metrics = reduce_metrics(self.dist, self.train_step())
-                    history.append(metrics)
+
+                def write(metrics: dict) -> None:
                     if main:
                         log.write(json.dumps(metrics) + "\n")  # one write per line: never torn by our own exit
                         log.flush()
+
+                if self.eval_rows and self.step == 0:  # the held-out score before any training
+                    write(self._evaluate_and_report(bar))
+                while self.step < cfg.max_steps and not self._stop_requested():
+                    metrics = reduce_metrics(self.dist, self.train_step())
+                    history.append(metrics)
+                    write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
                         bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
                                         buffer=metrics["buffer_size"])
+                    if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
+                        write(self._evaluate_and_report(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
             if self.stop_requested:
@@ -1319,10 +1525,20 @@ class GRPOTrainer:
             elif main:
                 self.model.save_pretrained(out)
                 self.tokenizer.save_pretrained(out)
+            if main:
+                plot_metrics(out)
         finally:
             self._restore_signal_handlers(previous)
         self.dist.barrier()
         return history
+
+    def _evaluate_and_report(self, bar) -> dict:
+        metrics = self.run_evaluation()
+        if metrics:
+            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
+                     if k in metrics]
+            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
+        return metrics
 
     def _stop_requested(self) -> bool:
         """A signal seen by any rank stops every rank after the same step."""
@@ -1440,6 +1656,50 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(l + "\n" for l in keep))
     tmp.replace(path)
+
+
+def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """The training lines and the evaluation lines of a metrics.jsonl (an evaluation line has `eval_reward`)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
+
+
+def plot_metrics(output_dir: Path) -> Optional[Path]:
+    """Draw output_dir/metrics.png: training reward, held-out evaluation, frac_reward_zero_std and clip_ratio.
+
+    matplotlib is imported here, not at the top, so the trainer does not need it; without it the plot is skipped.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no window
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
+        return None
+    train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
+    steps = [r["step"] for r in train]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
+    panels = [(axes[0, 0], "reward", "training reward (generation batch)"),
+              (axes[1, 0], "frac_reward_zero_std", "frac_reward_zero_std (groups with no spread)"),
+              (axes[1, 1], "clip_ratio", "clip_ratio (tokens clipped)")]
+    for ax, key, title in panels:
+        ax.plot(steps, [r.get(key, math.nan) for r in train], lw=1)
+        ax.set_title(title, fontsize=10)
+    ax = axes[0, 1]
+    kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
+    for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):
+        ax.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
+    ax.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=10)
+    if evals:
+        ax.legend(fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    path = Path(output_dir) / "metrics.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def find_last_checkpoint(output_dir: str) -> Optional[Path]:
