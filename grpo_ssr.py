@@ -1724,9 +1724,41 @@ def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
     return cfg
 
 
+def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None) -> list[dict]:
+    """--eval_only: score --model, and the trained model saved in --output_dir if there is one, on the same held-out
+    prompts with the same seed, and print them side by side. Writes nothing. Returns one metrics dict per model."""
+    rows = load_eval_prompts(cfg)
+    if not rows:
+        raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
+    funcs = reward_funcs or [REWARD_FUNCS[n.strip()] for n in cfg.reward_funcs.split(",")]
+    weights = [float(w) for w in cfg.reward_weights.split(",")] if cfg.reward_weights else None
+    device, autocast = pick_device(cfg.device, cfg.bf16)
+    trained = Path(cfg.output_dir)
+    names = [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else [])
+    results = []
+    for name in names:
+        set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
+        model, tokenizer = load_model(name)
+        results.append({"model": name, **evaluate(
+            model.to(device), tokenizer, rows, funcs, weights, num_generations=cfg.eval_num_generations,
+            temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
+            max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)})
+    keys = [k for k in ("eval_accuracy", "eval_greedy_accuracy", "eval_reward", "eval_greedy_reward",
+                        "eval_completion_length") if all(k in r for r in results)]
+    width = max(len(r["model"]) for r in results)
+    print(f"held-out prompts: {len(rows)} of --dataset {cfg.dataset}; {cfg.eval_num_generations} sampled at "
+          f"T = {cfg.temperature} and 1 greedy completion each, seed {cfg.seed}")
+    print(f"{'model':{width}}  " + "  ".join(f"{k[5:]:>16}" for k in keys))
+    for r in results:
+        print(f"{r['model']:{width}}  " + "  ".join(f"{r[k]:16.3f}" for k in keys))
+    return results
+
+
 def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
-    """Validate, prepare the output folder, build the trainer, resume if asked, and train."""
+    """Validate, prepare the output folder, build the trainer, resume if asked, and train (or only evaluate)."""
     validate_config(cfg)
+    if cfg.eval_only:
+        return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"))
     out = Path(cfg.output_dir)
     resume = cfg.resume_from_checkpoint
     if resume == "last":
