@@ -145,8 +145,9 @@ class GRPOConfig:
     eval_only: bool = _opt(False, "Train nothing: evaluate --model, and the trained model in --output_dir if there is "
                                   "one, on the held-out prompts and print them side by side (a before/after table).")
     # --- efficiency
-    bf16: Optional[bool] = _opt(None, "bf16 autocast. Default: on for GPUs that support it, off on CPU. --bf16 turns "
-                                      "it on on a CPU too (faster on CPUs with bf16 instructions); --bf16 false off.")
+    bf16: bool = _opt(False, "Run the model under bf16 autocast on a CPU too: faster on CPUs with bf16 instructions "
+                             "(AVX512-BF16, AMX). GPUs that support bf16 always use it. Off by default: the tiny "
+                             "model gains nothing from it.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation, forward and "
                                        "backward: chunk x vocabulary x 4 bytes (311 MB at Qwen2's 151,936 tokens).")
     # --- output and checkpoints
@@ -217,18 +218,16 @@ def validate_config(cfg: GRPOConfig) -> None:
 # Device and seeds: chosen in one place.
 # ----------------------------------------------------------------------------------------------------------------------
 
-def pick_device(name: str = "auto", bf16: Optional[bool] = None) -> tuple[torch.device, Any]:
-    """Return the device and the autocast context to run the model under: bf16 on GPUs that support it, unless
-    `bf16` is False; on a CPU only when `bf16` is True (the weights and the optimizer stay float32 either way)."""
+def pick_device(name: str = "auto", bf16: bool = False) -> tuple[torch.device, Any]:
+    """Return the device and the autocast context to run the model under: bf16 on GPUs that support it, and on a
+    CPU when `bf16` is set (the weights and the optimizer stay float32 either way)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    if bf16 is None:
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    if bf16:
+    if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or bf16:
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return device, nullcontext
 
@@ -903,12 +902,15 @@ class HeadLogProbs(torch.autograd.Function):
 
         d logp_t / d z_j = [j == t] - p_j,        and d z / d logits = 1 / T.
 
-    custom_fwd/custom_bwd replay the forward's autocast state in backward, so the rebuilt logits match (bf16 on GPU).
+    Backward runs under the forward's autocast state (bf16 on a GPU, or on a CPU with --bf16), as torch.amp's
+    custom_fwd/custom_bwd would do for one device type, so the rebuilt logits are the ones the forward normalised.
     """
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
+        kind = hidden.device.type
+        ctx.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
+                        "dtype": torch.get_autocast_dtype(kind)}
         z = F.linear(hidden, weight, bias).float().div_(temperature)  # (N, V): the only big tensor
         picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
         peak = z.amax(dim=-1, keepdim=True)
@@ -918,8 +920,12 @@ class HeadLogProbs(torch.autograd.Function):
         return picked - lse
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad):
+        with torch.autocast(**ctx.autocast):
+            return HeadLogProbs._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         T = ctx.temperature
         g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
