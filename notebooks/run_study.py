@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 with contextlib.redirect_stdout(io.StringIO()):  # run() prints the resolved config
                     grpo_ssr.run(cfg)
                 wall = time.perf_counter() - t0
-                rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+                rows = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                        if "eval_reward" not in r]  # training lines only
                 study["runs"].append({"reward": reward, "buffer": buffer, "seed": seed, "wall_s": round(wall, 1),
                                       **summarise(rows, args.bin, args.tail)})
                 f = study["runs"][-1]["final"]
