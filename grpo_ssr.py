@@ -11,10 +11,12 @@ the samples with a non-zero advantage in a replay buffer and draws each training
 proportional to |advantage|^alpha, so every step trains on samples that carry signal.
 
 Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, CPU, under a minute), `python grpo_ssr.py --help`.
+A real pretrained model, offline: `--model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy`
+(SmolLM2-135M-Instruct from a 4-bit GGUF on the package index, dequantized to float32; see the README's recipe).
 
 The file reads top to bottom in the order the algorithm runs:
-    config -> device and seeds -> model and data -> reward -> generation -> log-probabilities -> advantages
-    -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
+    config -> device and seeds -> model and data -> reward -> generation (and held-out evaluation)
+    -> log-probabilities -> advantages -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
 
 What this file deliberately leaves out (and why):
 - vLLM / fast inference servers, DeepSpeed, FSDP (model sharding), PEFT/LoRA: they are speed and scale, not the
@@ -35,6 +37,8 @@ Where it departs from the TRL pull request it grew from (and why):
 - Sampling is temperature-only, by our own decode loop rather than `model.generate`, which would apply the model's
   own defaults (Qwen2-Instruct's top-k 20, top-p 0.8, repetition penalty) and transformers' hidden top-k 50. The loss
   assumes the completions came from the distribution it computes. The saved model's defaults are reset too.
+- Evaluation (`--eval_steps`) generates on held-out prompts and reports rewards, not an evaluation loss: greedy and
+  sampled at the training temperature, with accuracy for binary rewards, in their own `eval_` lines of metrics.jsonl.
 
 Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
 keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
@@ -1674,18 +1678,18 @@ def plot_metrics(output_dir: Path) -> Optional[Path]:
     """Draw output_dir/metrics.png: training reward, held-out evaluation, frac_reward_zero_std and clip_ratio.
 
     matplotlib is imported here, not at the top, so the trainer does not need it; without it the plot is skipped.
+    The figure is built without pyplot, so it renders to a file (Agg) and leaves pyplot's backend and state alone,
+    in a notebook too.
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, no window
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
         print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
         return None
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
     steps = [r["step"] for r in train]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
+    fig = Figure(figsize=(10, 6.5))
+    axes = fig.subplots(2, 2, sharex=True)
     panels = [(axes[0, 0], "reward", "training reward (generation batch)"),
               (axes[1, 0], "frac_reward_zero_std", "frac_reward_zero_std (groups with no spread)"),
               (axes[1, 1], "clip_ratio", "clip_ratio (tokens clipped)")]
@@ -1704,7 +1708,6 @@ def plot_metrics(output_dir: Path) -> Optional[Path]:
     fig.tight_layout()
     path = Path(output_dir) / "metrics.png"
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
