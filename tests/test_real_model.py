@@ -52,7 +52,7 @@ def test_converted_folder_reloads_with_from_pretrained(smollm2):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = json.loads((smollm2 / "config.json").read_text())
-    assert "quantization_config" not in config and config["torch_dtype" if "torch_dtype" in config else "dtype"]
+    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
     model = AutoModelForCausalLM.from_pretrained(smollm2).eval()
     tok = AutoTokenizer.from_pretrained(smollm2)
     assert _greedy(model, tok, FIXED) == "The answer is 5."
@@ -84,22 +84,24 @@ def test_a_preset_that_cannot_be_had_is_one_line_exit_2(tmp_path, monkeypatch, c
 
 
 def test_real_model_trains_on_arithmetic_with_bf16_and_evaluates(smollm2, tmp_path):
+    """One small step through main: 2 prompts x 2 completions of 4 tokens, evaluated before and after on 2 prompts."""
     out = tmp_path / "run"
     assert g.main(["--model", NAME, "--dataset", "arithmetic", "--reward_funcs", "reward_accuracy",
-                   "--learning_rate", "2e-5", "--per_device_train_batch_size", "8", "--num_generations", "4",
-                   "--max_completion_length", "4", "--max_steps", "2", "--eval_steps", "2",
-                   "--eval_max_prompts", "4", "--eval_num_generations", "2", "--bf16", "--output_dir", str(out)]) == 0
+                   "--learning_rate", "2e-5", "--per_device_train_batch_size", "4", "--num_generations", "2",
+                   "--max_completion_length", "4", "--max_steps", "1", "--eval_steps", "1",
+                   "--eval_max_prompts", "2", "--eval_num_generations", "1", "--bf16", "--output_dir", str(out)]) == 0
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     train = [r for r in rows if "eval_reward" not in r]
     evals = [r for r in rows if "eval_reward" in r]
-    assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in evals] == [0, 2]
-    assert all(0 <= r["eval_greedy_accuracy"] <= 1 and r["eval_prompts"] == 4 for r in evals)
-    assert all(r["rewards/reward_accuracy"] in [i / 8 for i in range(9)] for r in train)
+    assert [r["step"] for r in train] == [1] and [r["step"] for r in evals] == [0, 1]
+    assert all(r["eval_greedy_accuracy"] in (0, 0.5, 1) and r["eval_prompts"] == 2 for r in evals)
+    assert train[0]["rewards/reward_accuracy"] in [i / 4 for i in range(5)]
     assert (out / "model.safetensors").is_file() and (out / "metrics.png").is_file()
 
 
 def test_real_model_with_the_seeds_length_reward(smollm2, cfg_factory):
-    trainer = g.GRPOTrainer(cfg_factory(model=NAME, learning_rate=1e-5, max_completion_length=6))
+    trainer = g.GRPOTrainer(cfg_factory(model=NAME, learning_rate=1e-5, per_device_train_batch_size=4,
+                                        num_generations=4, max_completion_length=4, eval_steps=0))
     m = trainer.train_step()
-    assert m["skipped"] == 0 and -20 <= m["reward"] <= 0 and m["grad_norm"] > 0
+    assert m["skipped"] == 0 and m["reward"] <= 0 and m["reward_std"] > 0 and m["grad_norm"] > 0
     assert "TL;DR:" in trainer.dataset[0]["prompt"]
