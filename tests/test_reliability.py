@@ -45,6 +45,11 @@ BAD_CONFIGS = [
     (["--max_steps", "ten"], "--max_steps"),  # a type error from the parser: one line as well
     (["--dataset", "missing.jsonl"], "--dataset"),
     (["--resume_from_checkpoint", "last"], "--resume_from_checkpoint"),
+    (["--eval_steps", "-1"], "--eval_steps"),
+    (["--eval_num_generations", "0"], "--eval_num_generations"),
+    (["--eval_max_prompts", "-5"], "--eval_max_prompts"),
+    (["--dataset", "arithmetic:4"], "--dataset"),
+    (["--dataset", "arithmetic:one"], "--dataset"),
 ]
 if not torch.cuda.is_available():
     BAD_CONFIGS.append((["--device", "cuda"], "--device"))
