@@ -151,8 +151,8 @@ class GRPOConfig:
                                   "one, on the held-out prompts and print them side by side (a before/after table).")
     # --- efficiency
     bf16: bool = _opt(False, "Run the model under bf16 autocast on a CPU too: faster on CPUs with bf16 instructions "
-                             "(AVX512-BF16, AMX). GPUs that support bf16 always use it. Off by default: the tiny "
-                             "model gains nothing from it.")
+                             "(AVX512-BF16, AMX). GPUs that support bf16 always use it. Off by default, so CPU runs "
+                             "stay float32 and bit-reproducible.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation, forward and "
                                        "backward: chunk x vocabulary x 4 bytes (311 MB at Qwen2's 151,936 tokens).")
     # --- output and checkpoints
