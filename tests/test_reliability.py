@@ -48,6 +48,11 @@ BAD_CONFIGS = [
     (["--max_steps", "ten"], "--max_steps"),  # a type error from the parser: one line as well
     (["--dataset", "missing.jsonl"], "--dataset"),
     (["--resume_from_checkpoint", "last"], "--resume_from_checkpoint"),
+    (["--eval_steps", "-1"], "--eval_steps"),
+    (["--eval_num_generations", "0"], "--eval_num_generations"),
+    (["--eval_max_prompts", "-5"], "--eval_max_prompts"),
+    (["--dataset", "arithmetic:4"], "--dataset"),
+    (["--dataset", "arithmetic:one"], "--dataset"),
 ]
 if not torch.cuda.is_available():
     BAD_CONFIGS.append((["--device", "cuda"], "--device"))
@@ -160,7 +165,8 @@ def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(cfg_factory, monkey
 
 
 def _rows(path):
-    return [json.loads(l) for l in open(path / "metrics.jsonl")]
+    """The training lines of a run (evaluation lines, which carry eval_reward, are left out)."""
+    return [r for r in map(json.loads, open(path / "metrics.jsonl")) if "eval_reward" not in r]
 
 
 def _same(a, b, keys=("reward", "loss", "buffer_size", "clip_ratio", "completion_length")):

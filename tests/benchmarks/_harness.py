@@ -49,6 +49,8 @@ class RunSpec:
     seed: int = 0
     replay_buffer_class: str = "ReplayBuffer"  # ours only: uniform buffer = plain GRPO
     logits_chunk_size: Optional[int] = None  # ours only; None keeps grpo_ssr's default
+    reward: str = "reward_len"  # a reward function of grpo_ssr, given to both trainers
+    bf16: bool = False  # bf16 autocast on CPU, in both trainers
     trl_overrides: dict = field(default_factory=dict)  # extra GRPOConfig fields for TRL (e.g. its own defaults)
 
 
@@ -73,12 +75,26 @@ def prepare_inputs(folder: Path, extra_tokens: int = 0, seed: int = 0) -> tuple[
     return str(model_dir), str(data_path), len(tokenizer)
 
 
-def make_reward_recorder(log: list, max_completion_length: int = 0):
-    """grpo_ssr.reward_len, unchanged, plus a record of each call (one call per generation batch in both trainers)."""
+def prepare_real_inputs(folder: Path, model: str = "smollm2-135m-instruct",
+                        dataset: str = "arithmetic") -> tuple[str, str]:
+    """The converted folder of a grpo_ssr model preset and a data set's training rows as a .jsonl file (chat prompts
+    and the `answer` column). Returns (model_dir, data_path)."""
     import grpo_ssr
 
-    def reward_len(completions, **kwargs):
-        rewards = grpo_ssr.reward_len(completions, **kwargs)
+    data_path = folder / "prompts.jsonl"
+    data_path.write_text("".join(json.dumps(r) + "\n" for r in grpo_ssr.load_prompts(dataset)))
+    return str(grpo_ssr.preset_folder(model)), str(data_path)
+
+
+def make_reward_recorder(log: list, max_completion_length: int = 0, name: str = "reward_len"):
+    """A grpo_ssr reward function, unchanged, plus a record of each call (one call per generation batch in both
+    trainers)."""
+    import grpo_ssr
+
+    func = grpo_ssr.REWARD_FUNCS[name]
+
+    def recorded(completions, **kwargs):
+        rewards = func(completions, **kwargs)
         entry = {"t": time.perf_counter(), "reward": sum(rewards) / len(rewards),
                  "chars": sum(len(grpo_ssr._text(c)) for c in completions) / len(completions)}
         if kwargs.get("completion_ids") is not None:  # TRL passes the token ids; ours logs lengths in its metrics
@@ -88,7 +104,8 @@ def make_reward_recorder(log: list, max_completion_length: int = 0):
         log.append(entry)
         return rewards
 
-    return reward_len
+    recorded.__name__ = name
+    return recorded
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -115,9 +132,9 @@ def run_ours(spec: RunSpec) -> dict:
             per_device_train_batch_size=spec.batch_size, num_generations=spec.num_generations,
             max_completion_length=spec.max_completion_length, temperature=spec.temperature, beta=0.0,
             epsilon=spec.epsilon, loss_type="bnpo", scale_rewards=True,
-            replay_buffer_class=spec.replay_buffer_class, **kwargs)
+            replay_buffer_class=spec.replay_buffer_class, bf16=spec.bf16, eval_steps=0, **kwargs)
         t0 = time.perf_counter()
-        trainer = TimedTrainer(cfg, reward_funcs=[make_reward_recorder(rewards)])
+        trainer = TimedTrainer(cfg, reward_funcs=[make_reward_recorder(rewards, name=spec.reward)])
         t_ready = time.perf_counter()
         history = trainer.train() if spec.max_steps > 0 else []
     for entry, m in zip(rewards, [m for m in history if m.get("generated")]):
@@ -148,16 +165,16 @@ def run_trl(spec: RunSpec) -> dict:
             top_k=0, top_p=1.0, min_p=None, repetition_penalty=1.0,  # plain temperature sampling, like ours
             beta=0.0, epsilon=spec.epsilon, loss_type="bnpo", scale_rewards="group", num_iterations=1,
             use_vllm=False, use_cpu=True, report_to="none", save_strategy="no", seed=spec.seed,
-            # TRL's defaults are bf16 autocast and gradient checkpointing; ours runs fp32 with neither on CPU, so the
-            # same arithmetic is timed. (Checkpointing only slows TRL down; bf16 changes the numbers.)
-            bf16=False, gradient_checkpointing=False,
+            # TRL's defaults are bf16 autocast and gradient checkpointing; ours runs fp32 with neither on CPU unless
+            # asked, so both get spec.bf16 and the same arithmetic is timed. (Checkpointing only slows TRL down.)
+            bf16=spec.bf16, gradient_checkpointing=False,
             lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
             logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
         settings.update(spec.trl_overrides)
         args = trl.GRPOConfig(**settings)
         t0 = time.perf_counter()
         dataset = load_dataset("json", data_files=spec.data_path, split="train")
-        recorder = make_reward_recorder(rewards, spec.max_completion_length)
+        recorder = make_reward_recorder(rewards, spec.max_completion_length, spec.reward)
         trainer = trl.GRPOTrainer(model=spec.model_dir, reward_funcs=[recorder], args=args,
                                   train_dataset=dataset, callbacks=[StepTimer()])
         gen = trainer.generation_config
