@@ -1582,7 +1582,7 @@ class GRPOTrainer:
 
     def __init__(self, cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
                  reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
-                 dataset=None):
+                 dataset=None, eval_dataset=None):
         cfg = resume_config(cfg)  # a resumed run takes the checkpoint's settings
         validate_config(cfg, reward_funcs)
         _check_python_objects(cfg, model, tokenizer, dataset, reward_funcs)
@@ -1599,12 +1599,15 @@ class GRPOTrainer:
                        **({"dataset": f"{FROM_PYTHON}: {len(self.dataset)} rows"} if dataset is not None else {}),
                        **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, reward_funcs))}"}
                           if reward_funcs else {})}
-        self.dataset = dataset if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split,
-                                                                         cfg.prompt_column)
-        self.eval_rows = load_eval_prompts(cfg) if cfg.eval_steps > 0 else None
+        self.eval_rows = None
+        if eval_dataset is not None:
+            self.eval_rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
+        elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):  # not --dataset's split for
+            self.eval_rows = load_eval_prompts(cfg)  # a data set passed in: it is not the one --dataset names
         if cfg.eval_steps > 0 and self.eval_rows is None and self.dist.main:
-            print(f"note: --dataset {cfg.dataset!r} has no built-in held-out split and --eval_dataset is not set: "
-                  "no evaluation", file=sys.stderr)
+            source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
+            print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
+                  file=sys.stderr)
         if model is None:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
@@ -1682,16 +1685,16 @@ class GRPOTrainer:
                                          cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature,
                                          add_special_tokens=not chat)
         self.model.train()
-        rewards, per_func, _ = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
-                                                 self.reward_weights,
-                                                 warned=self.warned_none)
+        rewards, per_func, completions = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
+                                                           self.reward_weights, warned=self.warned_none)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
         if cfg.log_completions:
             self.last_completions = [
-                {"prompt": r["prompt"], "completion": t, "reward": float(rw), "advantage": float(a),
+                {"prompt": r["prompt"], "completion": c, "reward": float(rw), "advantage": float(a),
                  **{f"rewards/{func_name(f)}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
-                for i, (r, t, rw, a) in enumerate(zip(repeated, texts, rewards, advantages))]
+                for i, (r, c, rw, a) in enumerate(zip((r for r in rows for _ in range(cfg.num_generations)),
+                                                      map(_text, completions), rewards, advantages))]
         batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
         batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
         n = len(rewards)

@@ -186,7 +186,9 @@ def test_eval_only_prints_the_before_after_table(cfg_factory, capsys):
 
 def test_plot_is_skipped_with_a_note_without_matplotlib(cfg_factory, monkeypatch, capsys):
     cfg = cfg_factory(max_steps=1, eval_steps=0)
-    monkeypatch.setitem(g.sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    for name in [m for m in g.sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(g.sys.modules, name, None)  # importing any of matplotlib now raises ImportError,
+        # also when an earlier test had imported it (its submodules would otherwise still be found)
     g.run(cfg)
     assert not (g.Path(cfg.output_dir) / "metrics.png").exists()
     assert "matplotlib is not installed" in capsys.readouterr().err
@@ -218,3 +220,21 @@ def test_bf16_flag_autocasts_on_cpu(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(bf16=True, max_steps=1))
     m = trainer.train_step()
     assert m["skipped"] == 0 and m["grad_norm"] > 0
+
+
+def test_a_data_set_passed_in_is_not_evaluated_on_the_builtin_split(cfg_factory, capsys):
+    """A data set passed from Python is not the one --dataset names, so its held-out split must not be used; an
+    eval_dataset passed alongside is."""
+    rows = [{"prompt": f"Say {i}:", "label": float(i)} for i in range(4)]
+
+    def by_label(completions, label, **kw):  # needs the passed data set's own column
+        return label
+
+    cfg = cfg_factory(max_steps=1, eval_steps=1)
+    g.GRPOTrainer(cfg, reward_funcs=[by_label], dataset=rows).train()
+    assert "no evaluation" in capsys.readouterr().err
+    assert g.read_metrics(g.Path(cfg.output_dir) / "metrics.jsonl")[1] == []
+    cfg = cfg_factory(max_steps=1, eval_steps=1, output_dir=cfg.output_dir + "-2")
+    g.GRPOTrainer(cfg, reward_funcs=[by_label], dataset=rows, eval_dataset=rows[:2]).train()
+    evals = g.read_metrics(g.Path(cfg.output_dir) / "metrics.jsonl")[1]
+    assert [e["step"] for e in evals] == [0, 1] and all(e["eval_prompts"] == 2 for e in evals)
