@@ -186,7 +186,8 @@ def test_eval_only_prints_the_before_after_table(cfg_factory, capsys):
 
 def test_plot_is_skipped_with_a_note_without_matplotlib(cfg_factory, monkeypatch, capsys):
     cfg = cfg_factory(max_steps=1, eval_steps=0)
-    monkeypatch.setitem(g.sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    for name in ("matplotlib", "matplotlib.figure"):  # importing them now raises ImportError, loaded or not
+        monkeypatch.setitem(g.sys.modules, name, None)
     g.run(cfg)
     assert not (g.Path(cfg.output_dir) / "metrics.png").exists()
     assert "matplotlib is not installed" in capsys.readouterr().err
