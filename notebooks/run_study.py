@@ -51,14 +51,16 @@ import numpy as np  # noqa: E402
 import grpo_ssr  # noqa: E402
 
 SSR = "SSRReplayBuffer"
-ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compared with in as few flags as possible
+ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compared with in as few flags as possible.
+    # Every SSR arm sets ssr_age_decay itself: the file's default (2, chosen by this study) must not leak into them.
     "grpo": dict(replay_buffer_class="ReplayBuffer"),
     "filter": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=0),
-    "ssr_replace": dict(replay_buffer_class=SSR, ssr_mode="replace"),
-    "ssr_fill": dict(replay_buffer_class=SSR, ssr_mode="fill"),
+    "ssr_replace": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_age_decay=0.0),
+    "ssr_fill": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_age_decay=0.0),
     "ssr_fill_decay": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_age_decay=2.0),
-    "ssr_fill_max_age": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=2),
-    "ssr_replace_stale": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_capacity_scalar=16),
+    "ssr_fill_max_age": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=2, ssr_age_decay=0.0),
+    "ssr_replace_stale": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_capacity_scalar=16,
+                              ssr_age_decay=0.0),
 }
 DEFAULT_ARMS = ["grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay", "ssr_replace_stale"]
 BASELINE = "grpo"
@@ -369,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir, started = Path(args.out_dir), time.perf_counter()
     raw_dir = out_dir / "raw"
-    base = dict(max_steps=args.max_steps, device="cpu", **parse_overrides(args.set))
+    base = dict(max_steps=args.max_steps, device="cpu", eval_num_generations=8,  # 8 samples a held-out prompt
+                **parse_overrides(args.set))
     if "eval_steps" in {f.name for f in dataclasses.fields(grpo_ssr.GRPOConfig)}:
         base["eval_steps"] = args.eval_steps
     if not args.analyse_only:
