@@ -13,6 +13,7 @@ import json
 import math
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 import grpo_ssr
@@ -150,9 +151,38 @@ def _04_4(fn):
     return True
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# 05 · training with replay: the study
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _05_1(fn):
+    base = [0.020, 0.080, 0.045, 0.120, 0.060, 0.030, 0.100, 0.070]  # seeds differ a lot; the arm's gain does not
+    gain = [0.012, 0.004, 0.015, -0.003, 0.010, 0.008, 0.020, 0.006]
+    arm = [b + g for b, g in zip(base, gain)]
+    got = fn(np.array(arm), np.array(base), 10_000, 0)
+    if got is None:
+        return None
+    assert len(got) == 3, f"expected (mean, low, high), got {got}"
+    _close(got[0], 0.009, 1e-9, "The first number is the mean of the per-seed differences arm - baseline.")
+    # the reference interval: 400,000 resamples; any 10,000 land within a small fraction of its width of it
+    _close(got[1:], (0.004375, 0.0135), 0.0014,
+           "Resample the seeds (the same indices for both arms), average each resample's differences, and take the "
+           "2.5th and 97.5th percentiles of those means.")
+    flat = fn(np.array(arm), np.array(arm) - 0.01, 2_000, 1)
+    _close(flat, (0.01, 0.01, 0.01), 1e-9, "If every seed gains exactly 0.01, the interval is the single point 0.01.")
+    return True
+
+
+def _05_2(answer):
+    _close(answer, (0.018906, 0.015288), 5e-4,
+           "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
+           "(skipping steps that logged none), then the mean over the 8 seeds.")
+
+
 CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.1": _02_1, "02.2": _02_2,
                                "03.1": _03_1, "03.2": _03_2, "03.3": _03_3,
-                               "04.1": _04_1, "04.2": _04_2, "04.3": _04_3, "04.4": _04_4}
+                               "04.1": _04_1, "04.2": _04_2, "04.3": _04_3, "04.4": _04_4,
+                               "05.1": _05_1, "05.2": _05_2}
 
 
 def check(exercise: str, answer) -> bool:

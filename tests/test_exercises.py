@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,12 +16,24 @@ sys.path.insert(0, str(ROOT / "notebooks"))
 
 import checks  # noqa: E402
 import solutions  # noqa: E402
-from solutions import nb02, nb03, nb04  # noqa: E402
+from solutions import nb02, nb03, nb04, nb05  # noqa: E402
 
 
 def _plain_mean_baseline(rewards, num_generations):  # forgets to leave the sample out
     g = rewards.view(-1, num_generations)
     return (g - g.mean(1, keepdim=True)).view(-1)
+
+
+def _unpaired_bootstrap(arm, baseline, n_boot=10_000, seed=0):  # resamples the two arms' seeds independently
+    rng = np.random.default_rng(seed)
+    pick = lambda x: x[rng.integers(0, len(x), size=(n_boot, len(x)))].mean(axis=1)
+    means = pick(np.asarray(arm)) - pick(np.asarray(baseline))
+    return float(np.mean(arm) - np.mean(baseline)), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def _interval_of_the_seeds(arm, baseline, n_boot=10_000, seed=0):  # percentiles of the differences, not of the mean
+    d = np.asarray(arm) - np.asarray(baseline)
+    return float(d.mean()), float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))
 
 
 WRONG = {
@@ -36,7 +49,16 @@ WRONG = {
     "04.2": 1.0,                                         # log pi - log pi_ref, the k1 term
     "04.3": lambda x, mask, dim=None: (x * mask).mean() if dim is None else (x * mask).mean(dim),  # pads counted
     "04.4": lambda losses, masks: [(l * m).sum() / m.sum() / len(masks) for l, m in zip(losses, masks)],  # bnpo
+    "05.1": _unpaired_bootstrap,
+    "05.2": (0.962, 3.372),                              # sample_age over those steps: age is not distance
 }
+
+
+@pytest.mark.parametrize("wrong", [_interval_of_the_seeds, (0.0632, 0.0574), (0.015288, 0.018906)],
+                         ids=["percentiles of the differences", "whole run", "swapped"])
+def test_study_checks_reject_other_mistakes(wrong):
+    with pytest.raises(AssertionError, match="not quite"):
+        checks.check("05.1" if callable(wrong) else "05.2", wrong)
 
 
 def test_every_check_has_a_solution_and_a_wrong_answer():
@@ -69,6 +91,14 @@ def test_solutions_behave_beyond_the_checked_cases():
     p = nb03.aged_probabilities(torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), 1.0, 1.0)
     assert torch.allclose(p, torch.tensor([1.0, torch.e ** -1.0], dtype=torch.float64) / (1 + torch.e ** -1.0))
     assert nb04.masked_mean(torch.ones(2, 3), torch.zeros(2, 3), dim=1).tolist() == [0.0, 0.0]
+    # the paired bootstrap agrees with the study script's own interval on the study's data (same resampling)
+    import run_study
+
+    auc = {(r["arm"], r["seed"]): run_study.eval_measures(r, [])["auc"] for r in nb05.RUNS if r["learning_rate"] == 3e-4}
+    arm, base = (np.array([auc[(a, s)] for s in range(8)]) for a in ("ssr_fill_decay", "grpo"))
+    summary = json.loads((ROOT / "notebooks" / "results" / "replay_study" / "summary.json").read_text())
+    want = summary["cells"]["0.0003"]["ssr_fill_decay"]["vs_grpo_eval"]["auc"]
+    assert np.allclose(nb05.paired_bootstrap(arm, base), [want["mean"], *want["ci95"]], atol=1e-5)
 
 
 def test_every_check_is_used_by_its_notebook():

@@ -314,7 +314,10 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     assert not errors, errors
     assert "fetched grpo_ssr.py" in text and "torch" in text and "device" in text
     assert str(bare / "grpo_ssr.py") in text
-    assert (bare / "notebooks" / "results" / "study.json").is_file()
+    study = bare / "notebooks" / "results" / "replay_study"
+    assert (study / "summary.json").is_file() and (bare / "notebooks" / "run_study.py").is_file()
+    assert len(list((study / "raw").glob("*.json.gz"))) == len(list((ROOT / "notebooks" / "results" / "replay_study"
+                                                                   / "raw").glob("*.json.gz")))
 
 
 @pytest.mark.slow
@@ -325,6 +328,22 @@ def test_first_cell_fails_with_one_line_when_the_import_fails(tmp_path):
     error = next(o for o in cells[0].outputs if o.output_type == "error")
     assert error.ename == "SetupError" and len(error.traceback) == 1
     assert "import grpo_ssr failed" in error.traceback[0] and "a_module_that_does_not_exist" in error.traceback[0]
+
+
+def test_course_files_are_what_notebook_05_reads():
+    """Colab fetches COURSE_FILES: they must hold the replay study's summary, every raw run in the repository and
+    run_study.py (whose functions load them), and nothing that no longer exists."""
+    import course_setup
+
+    listed = set(course_setup.COURSE_FILES)
+    missing = [name for name in listed if not (ROOT / name).is_file()]
+    assert not missing, f"COURSE_FILES lists files the repository does not hold: {missing}"
+    study = ROOT / "notebooks" / "results" / "replay_study"
+    on_disk = {str(p.relative_to(ROOT)) for p in (study / "raw").glob("*.json.gz")} | {
+        "notebooks/results/replay_study/summary.json", "notebooks/run_study.py"}
+    assert on_disk <= listed, f"not fetched in Colab: {sorted(on_disk - listed)[:5]}"
+    summary = json.loads((study / "summary.json").read_text())
+    assert len(on_disk) - 2 == len(summary["arms"]) * len(summary["learning_rates"]) * len(summary["settings"]["seeds"])
 
 
 def test_missing_requirements_names_what_to_install():
