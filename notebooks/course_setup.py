@@ -20,10 +20,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
-COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/results/study.json")
+COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/results/study.json",
+                "tests/benchmarks/results/recipe_cpu/summary.json")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
 REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),
-                "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8))}
+                "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8)),
+                "gguf": ("gguf", (0, 10))}  # notebook 07's real model; the preset fetches its wheel with pip itself
 
 
 class SetupError(Exception):

@@ -15,12 +15,19 @@ sys.path.insert(0, str(ROOT / "notebooks"))
 
 import checks  # noqa: E402
 import solutions  # noqa: E402
-from solutions import nb02, nb03, nb04  # noqa: E402
+from solutions import nb02, nb03, nb04, nb07  # noqa: E402
+
+import grpo_ssr  # noqa: E402
 
 
 def _plain_mean_baseline(rewards, num_generations):  # forgets to leave the sample out
     g = rewards.view(-1, num_generations)
     return (g - g.mean(1, keepdim=True)).view(-1)
+
+
+def _all_wrong_share(completions, answers, num_generations, reward_func=grpo_ssr.reward_accuracy):
+    rewards = torch.tensor(reward_func(completions=completions, answer=answers)).view(-1, num_generations)
+    return (rewards.max(1).values == 0).float().mean().item()  # forgets the groups that are all right
 
 
 WRONG = {
@@ -36,6 +43,9 @@ WRONG = {
     "04.2": 1.0,                                         # log pi - log pi_ref, the k1 term
     "04.3": lambda x, mask, dim=None: (x * mask).mean() if dim is None else (x * mask).mean(dim),  # pads counted
     "04.4": lambda losses, masks: [(l * m).sum() / m.sum() / len(masks) for l, m in zip(losses, masks)],  # bnpo
+    "07.1": (5, 5),                                      # read both rules as "anywhere"
+    "07.2": grpo_ssr.extract_answer,                     # the lenient first number: "7 + 5 = 12" gives 7
+    "07.3": _all_wrong_share,
 }
 
 
@@ -69,6 +79,9 @@ def test_solutions_behave_beyond_the_checked_cases():
     p = nb03.aged_probabilities(torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), 1.0, 1.0)
     assert torch.allclose(p, torch.tensor([1.0, torch.e ** -1.0], dtype=torch.float64) / (1 + torch.e ** -1.0))
     assert nb04.masked_mean(torch.ones(2, 3), torch.zeros(2, 3), dim=1).tolist() == [0.0, 0.0]
+    assert nb07.strict_answer("\t42 ") == 42.0 and nb07.strict_answer("42 is it") is None
+    chat = [[{"role": "assistant", "content": t}] for t in ("3", "4", "3", "3")]  # chat completions, as the trainer
+    assert nb07.zero_spread_share(chat, [3, 3, 3, 3], 2) == 0.5                  # passes them for chat prompts
 
 
 def test_every_check_is_used_by_its_notebook():

@@ -315,6 +315,7 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     assert "fetched grpo_ssr.py" in text and "torch" in text and "device" in text
     assert str(bare / "grpo_ssr.py") in text
     assert (bare / "notebooks" / "results" / "study.json").is_file()
+    assert (bare / "tests" / "benchmarks" / "results" / "recipe_cpu" / "summary.json").is_file()  # notebook 07 reads it
 
 
 @pytest.mark.slow
@@ -331,5 +332,6 @@ def test_missing_requirements_names_what_to_install():
     import course_setup
 
     assert course_setup.missing_requirements() == []  # this environment has everything
+    assert "gguf" in course_setup.REQUIREMENTS  # notebook 07's real model is a GGUF checkpoint: Colab must install it
     assert course_setup.missing_requirements({"torch": ("torch", (99, 0)), "no-such-package-xyz": ("x", (1, 0))}) \
         == ["torch>=99.0", "no-such-package-xyz>=1.0"]
