@@ -178,11 +178,62 @@ def _05_2(answer):
            "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
            "(skipping steps that logged none), then the mean over the 8 seeds.")
 
+# ----------------------------------------------------------------------------------------------------------------------
+# 07 · a real model learns sums
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _07_1(answer):
+    _same_hash([int(v) for v in answer], "c009b8af98ea96ee",
+               "Give (first-number total, anywhere total). The first rule reads only the first number of each "
+               "completion; the lenient one accepts 12 wherever it appears.")
+
+
+STRICT_CASES = [("12", 12.0), (" 12.\n", 12.0), ("-3", -3.0), ("2.5", 2.5), ("0", 0.0),
+                ("7 + 5 = 12", None), ("The answer is 12.", None), ("12 apples", None), ("12, 13", None),
+                ("1 2", None), ("twelve", None), ("", None), (".", None)]
+
+
+def _07_2(fn):
+    if fn("12") is None:  # the unanswered stub returns None for everything
+        return None
+    for text, want in STRICT_CASES:
+        got = fn(text)
+        assert (got is None and want is None) or (got is not None and want is not None and float(got) == want), \
+            (f"not quite: strict_answer({text!r}) gave {got!r}, expected {want!r}. The whole completion must be one "
+             "number: only whitespace around it and one final period are allowed.")
+    return True
+
+
+def _07_3(fn):
+    completions = ["12", "12", "12", "12",             # all right: zero spread
+                   "8", "10", "nine", "7 + 2 = 9",     # all wrong for the first-number rule: zero spread
+                   "5", "6", "5", "4"]                 # mixed
+    answers = [12] * 4 + [9] * 4 + [5] * 4
+    got = fn(completions, answers, 4)
+    if got is None:
+        return None
+    _close(got, 2 / 3, 1e-9, "Score every completion with reward_accuracy, cut the rewards into groups of G "
+                             "consecutive ones, and count the groups whose rewards are all equal: all right counts too.")
+    anywhere = lambda completions, answer, **kw: [float(float(a) in map(float, grpo_ssr.FIRST_NUMBER.findall(c)))
+                                                  for c, a in zip(completions, answer)]
+    _close(fn(completions, answers, 4, anywhere), 1 / 3, 1e-9,
+           "Use the reward_func passed in: with the lenient rule, '7 + 2 = 9' is right, and its group is mixed.")
+    gen = torch.Generator().manual_seed(0)
+    right = torch.rand(48, generator=gen) < 0.7
+    answers = [int(a) for a in torch.randint(0, 100, (48,), generator=gen)]
+    completions = [str(a if ok else a + 1) for a, ok in zip(answers, right)]
+    rewards = torch.tensor(grpo_ssr.reward_accuracy(completions, answer=answers))
+    _close(fn(completions, answers, 3), grpo_ssr.zero_spread_groups(rewards, 3).float().mean(), 1e-9,
+           "It should agree with the trainer's frac_reward_zero_std for any group size G.")
+    return True
+
 
 CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.1": _02_1, "02.2": _02_2,
                                "03.1": _03_1, "03.2": _03_2, "03.3": _03_3,
                                "04.1": _04_1, "04.2": _04_2, "04.3": _04_3, "04.4": _04_4,
-                               "05.1": _05_1, "05.2": _05_2}
+                               "05.1": _05_1, "05.2": _05_2,
+
+                               "07.1": _07_1, "07.2": _07_2, "07.3": _07_3}
 
 
 def check(exercise: str, answer) -> bool:

@@ -16,7 +16,9 @@ sys.path.insert(0, str(ROOT / "notebooks"))
 
 import checks  # noqa: E402
 import solutions  # noqa: E402
-from solutions import nb02, nb03, nb04, nb05  # noqa: E402
+from solutions import nb02, nb03, nb04, nb05, nb07  # noqa: E402
+
+import grpo_ssr  # noqa: E402
 
 
 def _plain_mean_baseline(rewards, num_generations):  # forgets to leave the sample out
@@ -36,6 +38,11 @@ def _interval_of_the_seeds(arm, baseline, n_boot=10_000, seed=0):  # percentiles
     return float(d.mean()), float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))
 
 
+def _all_wrong_share(completions, answers, num_generations, reward_func=grpo_ssr.reward_accuracy):
+    rewards = torch.tensor(reward_func(completions=completions, answer=answers)).view(-1, num_generations)
+    return (rewards.max(1).values == 0).float().mean().item()  # forgets the groups that are all right
+
+
 WRONG = {
     "01.1": 11,                                          # characters, not bytes
     "01.2": [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]],  # kept the second EOS
@@ -51,6 +58,9 @@ WRONG = {
     "04.4": lambda losses, masks: [(l * m).sum() / m.sum() / len(masks) for l, m in zip(losses, masks)],  # bnpo
     "05.1": _unpaired_bootstrap,
     "05.2": (0.962, 3.372),                              # sample_age over those steps: age is not distance
+    "07.1": (5, 5),                                      # read both rules as "anywhere"
+    "07.2": grpo_ssr.extract_answer,                     # the lenient first number: "7 + 5 = 12" gives 7
+    "07.3": _all_wrong_share,
 }
 
 
@@ -99,6 +109,9 @@ def test_solutions_behave_beyond_the_checked_cases():
     summary = json.loads((ROOT / "notebooks" / "results" / "replay_study" / "summary.json").read_text())
     want = summary["cells"]["0.0003"]["ssr_fill_decay"]["vs_grpo_eval"]["auc"]
     assert np.allclose(nb05.paired_bootstrap(arm, base), [want["mean"], *want["ci95"]], atol=1e-5)
+    assert nb07.strict_answer("\t42 ") == 42.0 and nb07.strict_answer("42 is it") is None
+    chat = [[{"role": "assistant", "content": t}] for t in ("3", "4", "3", "3")]  # chat completions, as the trainer
+    assert nb07.zero_spread_share(chat, [3, 3, 3, 3], 2) == 0.5                  # passes them for chat prompts
 
 
 def test_every_check_is_used_by_its_notebook():

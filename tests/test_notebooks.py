@@ -318,6 +318,7 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     assert (study / "summary.json").is_file() and (bare / "notebooks" / "run_study.py").is_file()
     assert len(list((study / "raw").glob("*.json.gz"))) == len(list((ROOT / "notebooks" / "results" / "replay_study"
                                                                    / "raw").glob("*.json.gz")))
+    assert (bare / "tests" / "benchmarks" / "results" / "recipe_cpu" / "summary.json").is_file()  # notebook 07 reads it
 
 
 @pytest.mark.slow
@@ -350,5 +351,6 @@ def test_missing_requirements_names_what_to_install():
     import course_setup
 
     assert course_setup.missing_requirements() == []  # this environment has everything
+    assert "gguf" in course_setup.REQUIREMENTS  # notebook 07's real model is a GGUF checkpoint: Colab must install it
     assert course_setup.missing_requirements({"torch": ("torch", (99, 0)), "no-such-package-xyz": ("x", (1, 0))}) \
         == ["torch>=99.0", "no-such-package-xyz>=1.0"]
