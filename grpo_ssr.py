@@ -25,7 +25,7 @@ prioritized replay without the decay hurt). The paper's ablation rows (§4) are 
     SSR     --ssr_mode fill --ssr_age_decay 0   (a FIFO of --ssr_capacity_scalar generation batches; the default
                                                  here adds the age decay, as the replay study found better)
 
-Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, about half a minute on a 2-core CPU),
+Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, under a minute on a 2-core CPU),
 `python grpo_ssr.py --help`.
 A real pretrained model, offline: `--model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy`
 (SmolLM2-135M-Instruct from a 4-bit GGUF on the package index, dequantized to float32; see the README's recipe).
@@ -136,8 +136,8 @@ class GRPOConfig:
     seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
     device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda. bf16 autocast on GPUs that support it.")
     # --- optimisation
-    max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in about half a "
-                               "minute on a 2-core CPU.")
+    max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in under a minute "
+                               "on a 2-core CPU.")
     learning_rate: float = _opt(1e-3, "AdamW peak learning rate, decayed linearly to 0. 1e-3 suits the tiny random "
                                       "model; use about 1e-6 for a pretrained 0.5B model (TRL's default).")
     warmup_steps: int = _opt(0, "Linear warm-up steps before the linear decay, as HF's schedule: the rate is "
