@@ -224,6 +224,8 @@ def launch(spec: RunSpec, env: Optional[dict] = None, quiet: bool = True) -> dic
         tail = stderr.decode(errors="replace")[-4000:]
         raise RuntimeError(f"{spec.trainer} worker failed with status {proc.returncode}:\n{tail}")
     result = json.loads(Path(spec.result_path).read_text())
+    # Linux starts a child's ru_maxrss at its parent's resident size (the high-water mark crosses fork and exec), so
+    # this parent imports neither torch nor the trainers: it stays far below any worker's peak.
     result.update(wall_s=wall, peak_rss_mib=usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
                   cpu_s=child_cpu, other_cpu_s=other_cpu, other_load=other_cpu / wall)
     return result
