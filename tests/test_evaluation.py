@@ -210,7 +210,8 @@ def test_head_logprobs_backward_replays_cpu_autocast():
     assert abs(float(head.bias.grad.sum())) < 1e-5
 
 
-def test_bf16_flag_autocasts_on_cpu(cfg_factory):
+def test_bf16_flag_autocasts_on_cpu(cfg_factory, monkeypatch):
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: True)  # the mechanics, on any CPU (emulated bf16 is only slow)
     device, autocast = g.pick_device("cpu", bf16=True)
     with autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
@@ -220,6 +221,23 @@ def test_bf16_flag_autocasts_on_cpu(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(bf16=True, max_steps=1))
     m = trainer.train_step()
     assert m["skipped"] == 0 and m["grad_norm"] > 0
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_stays_float32(monkeypatch):
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: False)
+    with pytest.warns(UserWarning, match=r"--bf16: this CPU has no bf16 instructions \(AVX512-BF16 or AMX\)"):
+        device, autocast = g.pick_device("cpu", bf16=True)
+    with autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    assert device.type == "cpu"
+
+
+def test_cpu_has_bf16_reads_torchs_own_probes(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert g.cpu_has_bf16() is False
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert g.cpu_has_bf16() is True
 
 
 def test_a_data_set_passed_in_is_not_evaluated_on_the_builtin_split(cfg_factory, capsys):
