@@ -9,11 +9,15 @@ the curve, on the training reward and (when grpo_ssr has `eval_steps`) on the he
 generated, wall time) and staleness (clip_ratio, sample age, |log ratio| of replayed tokens) are reported per arm, and
 whether replay's gain follows its staleness.
 
+`--task arithmetic` runs the same comparison on the real model (SmolLM2-135M-Instruct on sums, the README's CPU
+recipe, TASKS has its settings): GRPO against the replay setting we ship, 8 seeds, held-out accuracy greedy and sampled.
+
     python notebooks/run_study.py                                   # the full study: about 30 minutes on 2 cores
+    python notebooks/run_study.py --task arithmetic                 # the real model: about 50 minutes on 2 cores
     python notebooks/run_study.py --seeds 0 1 --max_steps 40 --out_dir /tmp/pilot     # a pilot, with an estimate
     python notebooks/run_study.py --analyse_only                    # rebuild summary.json from the raw data alone
 
-Writes, under --out_dir (notebooks/results/replay_study by default):
+Writes, under --out_dir (notebooks/results/replay_study, or replay_study_arithmetic, by default):
     raw/<arm>-lr<lr>-seed<seed>.json.gz   every metrics line of the run (columns, 6 significant digits), its config
                                           and wall time: everything the summary is computed from
     summary.json                          the analysis
@@ -64,7 +68,22 @@ ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compar
 }
 DEFAULT_ARMS = ["grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay", "ssr_replace_stale"]
 BASELINE = "grpo"
-REWARD = "reward_len_binary"
+REWARD = "reward_len_binary"  # the tiny task's reward
+TASKS = {  # --task -> the GRPOConfig flags every run of it shares, and the study's defaults for it
+    # The tiny model on the binary length reward: most groups have zero spread, and a run takes seconds.
+    "tiny": dict(flags=dict(reward_funcs=REWARD, eval_num_generations=8),  # 8 samples a held-out prompt
+                 arms=DEFAULT_ARMS, learning_rates=[1e-3, 3e-4], max_steps=150, eval_steps=25, points_every=50,
+                 greedy=False, out_dir="replay_study"),
+    # The real model on sums: the README's CPU recipe (tests/benchmarks/recipe_cpu.py) cut to 20 steps, as in notebook
+    # 07, with a held-out evaluation every 5 steps, in float32 so that every CPU runs the same arithmetic. About half of
+    # its groups have zero spread. A run takes about 6 minutes on one core, so only the baseline and the replay setting
+    # we ship are compared, at the recipe's learning rate.
+    "arithmetic": dict(flags=dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
+                                  per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
+                                  temperature=0.7, eval_num_generations=2, bf16=False),
+                       arms=["grpo", "ssr_fill_decay"], learning_rates=[2e-5], max_steps=20, eval_steps=5,
+                       points_every=10, greedy=True, out_dir="replay_study_arithmetic"),
+}
 STALENESS = ("clip_ratio", "sample_age", "replay_abs_log_ratio", "frac_zero_adv_trained", "unique_sample_frac",
              "replay_frac", "frac_reward_zero_std", "buffer_ess")
 
@@ -95,7 +114,7 @@ def run_one(arm: str, lr: float, seed: int, base: dict, raw_dir: str) -> dict:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="grpo_ssr_study_") as tmp:
         cfg = grpo_ssr.GRPOConfig(**{**base, **ARMS[arm], "learning_rate": lr, "seed": seed,
-                                     "reward_funcs": REWARD, "output_dir": tmp, "overwrite_output_dir": True})
+                                     "output_dir": tmp, "overwrite_output_dir": True})
         start, cpu = time.perf_counter(), time.process_time()
         with contextlib.redirect_stdout(io.StringIO()):  # run() prints the resolved config
             grpo_ssr.run(cfg)
@@ -223,8 +242,9 @@ def _rounded(d: dict, digits: int = 5) -> dict:
             for k, v in d.items()}
 
 
-def analyse(runs: list[dict], points: list[int], window: int, n_boot: int) -> dict:
-    """The summary: per learning rate and arm, paired differences to GRPO, cost and staleness."""
+def analyse(runs: list[dict], points: list[int], window: int, n_boot: int, greedy: bool = False) -> dict:
+    """The summary: per learning rate and arm, paired differences to GRPO, cost and staleness. With `greedy`, the
+    held-out measures of greedy decoding too (kind "eval_greedy"), beside those of sampling ("eval")."""
     notes = []
     have_eval = any(len(r["eval"].get("step", [])) for r in runs)
     if not have_eval:
@@ -241,6 +261,9 @@ def analyse(runs: list[dict], points: list[int], window: int, n_boot: int) -> di
             own = {r["seed"]: r for r in runs if r["arm"] == arm and r["learning_rate"] == lr}
             measures[arm] = {s: {"train": train_measures(r, points, window), "eval": eval_measures(r, points)}
                              for s, r in own.items()}
+            if greedy and have_eval:
+                for s, r in own.items():
+                    measures[arm][s]["eval_greedy"] = eval_measures(r, points, "eval_greedy_reward")
             st = [staleness(r) for r in own.values()]
             co = [cost(r) for r in own.values()]
             cell[arm] = {"seeds": sorted(own),
@@ -252,16 +275,19 @@ def analyse(runs: list[dict], points: list[int], window: int, n_boot: int) -> di
                                            "wall_s_total": float(np.sum([c["wall_s"] for c in co])),
                                            "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
                                            "skipped_steps_per_run": float(np.mean([c["skipped_steps"] for c in co]))})}
-            if have_eval:
-                keys = next(iter(measures[arm].values()))["eval"]
-                cell[arm]["eval"] = _rounded({k: float(np.nanmean([m["eval"].get(k, np.nan)
-                                                                   for m in measures[arm].values()])) for k in keys})
+            for kind in ("eval", "eval_greedy") if have_eval else ():
+                if kind not in next(iter(measures[arm].values())):
+                    continue
+                keys = next(iter(measures[arm].values()))[kind]
+                cell[arm][kind] = _rounded({k: float(np.nanmean([m[kind].get(k, np.nan)
+                                                                 for m in measures[arm].values()])) for k in keys})
         if BASELINE in measures:
             base = measures[BASELINE]
             for arm in arms:
                 if arm == BASELINE:
                     continue
-                for kind in ("train", "eval") if have_eval else ("train",):
+                kinds = ("train", "eval", "eval_greedy") if have_eval else ("train",)
+                for kind in [k for k in kinds if k in next(iter(base.values()))]:
                     keys = next(iter(base.values()))[kind]
                     cell[arm][f"vs_grpo_{kind}"] = {
                         k: paired({s: m[kind].get(k, np.nan) for s, m in measures[arm].items()},
@@ -322,6 +348,11 @@ def print_summary(summary: dict) -> None:
                   f"|logr| {_fmt(st['replay_abs_log_ratio'], '.3f')} clip {_fmt(st['clip_ratio'], '.3f')} "
                   f"age {_fmt(st['sample_age'], '.1f')} completions {co['completions_per_run']:.0f} "
                   f"wall {co['wall_s_per_run']:.0f}s")
+            for kind, label in (("eval", "held-out, sampled"), ("eval_greedy", "held-out, greedy")):
+                if f"vs_grpo_{kind}" in c:
+                    d = c[f"vs_grpo_{kind}"]["auc"]
+                    print(f"  {'':18s} {label}: auc {_fmt(c[kind]['auc'], '.4f')}  {_fmt(d['mean'], '+.4f')} "
+                          f"[{_fmt(d['ci95'][0], '+.4f')}, {_fmt(d['ci95'][1], '+.4f')}] {d['ahead']}/{d['seeds']}")
     for note in summary["notes"]:
         print("note:", note)
 
@@ -352,27 +383,35 @@ def parse_overrides(items: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
-    p.add_argument("--learning_rates", type=float, nargs="+", default=[1e-3, 3e-4])
+    p.add_argument("--task", default="tiny", choices=list(TASKS), help="tiny: the tiny model on reward_len_binary; "
+                   "arithmetic: SmolLM2-135M-Instruct on sums (the CPU recipe). Sets the defaults marked (task)")
+    p.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="(task)")
+    p.add_argument("--learning_rates", type=float, nargs="+", default=None, help="(task)")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
-    p.add_argument("--max_steps", type=int, default=150)
-    p.add_argument("--eval_steps", type=int, default=25, help="held-out evaluation every N steps (when grpo_ssr "
-                                                             "has eval_steps); 0 turns it off")
+    p.add_argument("--max_steps", type=int, default=None, help="(task)")
+    p.add_argument("--eval_steps", type=int, default=None, help="held-out evaluation every N steps (when grpo_ssr "
+                                                               "has eval_steps); 0 turns it off (task)")
     p.add_argument("--points", type=int, nargs="*", default=None, help="steps for the paired differences "
-                                                                     "(default: every 50 steps and the last)")
+                                                                     "(default: every 50 steps, or 20 for "
+                                                                     "arithmetic, and the last)")
     p.add_argument("--window", type=int, default=10, help="training-reward steps averaged at each point")
     p.add_argument("--bootstrap", type=int, default=10_000, help="bootstrap resamples")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override GRPOConfig fields in "
                    "every run, e.g. max_completion_length=32")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
-    p.add_argument("--out_dir", default=str(HERE / "results" / "replay_study"))
+    p.add_argument("--out_dir", default=None, help="(task) notebooks/results/replay_study, or "
+                                                   "replay_study_arithmetic for --task arithmetic")
     p.add_argument("--analyse_only", action="store_true", help="skip training; rebuild summary.json from raw/")
     args = p.parse_args(argv)
+    task = TASKS[args.task]
+    for key in ("arms", "learning_rates", "max_steps", "eval_steps"):
+        if getattr(args, key) is None:
+            setattr(args, key, task[key])
+    args.out_dir = args.out_dir or str(HERE / "results" / task["out_dir"])
 
     out_dir, started = Path(args.out_dir), time.perf_counter()
     raw_dir = out_dir / "raw"
-    base = dict(max_steps=args.max_steps, device="cpu", eval_num_generations=8,  # 8 samples a held-out prompt
-                **parse_overrides(args.set))
+    base = dict(max_steps=args.max_steps, device="cpu", **task["flags"], **parse_overrides(args.set))
     if "eval_steps" in {f.name for f in dataclasses.fields(grpo_ssr.GRPOConfig)}:
         base["eval_steps"] = args.eval_steps
     if not args.analyse_only:
@@ -385,28 +424,32 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SystemExit(f"no raw runs in {raw_dir}")
     steps = max(len(r["train"]["step"]) for r in runs)
-    points = args.points or sorted({*range(50, steps + 1, 50), steps})
-    summary = analyse(runs, points, args.window, args.bootstrap)
+    every = task["points_every"]
+    points = args.points or sorted({*range(every, steps + 1, every), steps})
+    summary = analyse(runs, points, args.window, args.bootstrap, greedy=task["greedy"])
     first = runs[0]
-    summary["settings"] = {"reward": REWARD, "arm_flags": {a: ARMS[a] for a in summary["arms"]},
+    summary["settings"] = {"reward": first["config"]["reward_funcs"], "arm_flags": {a: ARMS[a] for a in summary["arms"]},
                            "seeds": sorted({r["seed"] for r in runs}), "max_steps": steps, "jobs": args.jobs,
                            "config": first["config"], "bootstrap": args.bootstrap}
+    if args.task != "tiny":  # the tiny study's summary.json stays byte for byte what it was
+        summary["settings"]["task"] = args.task
     summary["environment"] = {"python": platform.python_version(), "numpy": np.__version__,
                               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+    full = dict(arms=task["arms"], lrs=task["learning_rates"], seeds=len(p.get_default("seeds")),
+                steps=task["max_steps"], jobs=p.get_default("jobs"))
     if not args.analyse_only:
         summary["total_wall_s"] = round(time.perf_counter() - started, 1)
-        full = [p.get_default(k) for k in ("learning_rates", "seeds", "max_steps", "jobs")]
-        summary["estimate_full_default_min"] = round(estimate(runs, DEFAULT_ARMS, full[0], len(full[1]), *full[2:]), 1)
+        summary["estimate_full_default_min"] = round(estimate(runs, **full), 1)
     elif (out_dir / "summary.json").is_file():  # keep what only the original run measured
         old = json.loads((out_dir / "summary.json").read_text())
         summary.update({k: old[k] for k in ("total_wall_s", "estimate_full_default_min") if k in old})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print_summary(summary)
     if "estimate_full_default_min" in summary:
-        print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default study ({len(DEFAULT_ARMS)} arms, "
-              f"learning rates {p.get_default('learning_rates')}, {len(p.get_default('seeds'))} seeds, "
-              f"{p.get_default('max_steps')} steps, {p.get_default('jobs')} jobs) would take about "
-              f"{summary['estimate_full_default_min']:.0f} minutes on quiet cores (from CPU time)")
+        print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default {args.task} study "
+              f"({len(full['arms'])} arms, learning rates {full['lrs']}, {full['seeds']} seeds, {full['steps']} steps, "
+              f"{full['jobs']} jobs) would take about {summary['estimate_full_default_min']:.0f} minutes on quiet "
+              f"cores (from CPU time)")
     print(f"wrote {out_dir / 'summary.json'} and {len(runs)} raw runs in {raw_dir}")
     return 0
 

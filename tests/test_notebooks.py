@@ -205,6 +205,34 @@ def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
     assert again == summary  # every number comes back from the raw data
 
 
+def test_run_study_greedy_measures_are_paired_by_seed():
+    """--task arithmetic also compares greedy held-out accuracy: its AUC difference to GRPO is the mean over seeds of
+    the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
+    sys.path.insert(0, str(NOTEBOOK_DIR))
+    import numpy as np
+    import run_study
+
+    runs = [r for r in run_study.load_raw(NOTEBOOK_DIR / "results" / "replay_study" / "raw")
+            if r["learning_rate"] == 3e-4 and r["arm"] in ("grpo", "ssr_fill_decay")]
+    assert len(runs) == 16
+    summary = run_study.analyse(runs, [50], 10, 200, greedy=True)
+    cell = summary["cells"]["0.0003"]["ssr_fill_decay"]
+
+    def auc(r):
+        steps, values = np.array(r["eval"]["step"], float), np.array(r["eval"]["eval_greedy_reward"], float)
+        return sum((values[i] + values[i + 1]) / 2 * (steps[i + 1] - steps[i]) for i in range(len(steps) - 1)) / (
+            steps[-1] - steps[0])
+
+    by = {(r["arm"], r["seed"]): auc(r) for r in runs}
+    diffs = [by["ssr_fill_decay", s] - by["grpo", s] for s in range(8)]
+    assert cell["vs_grpo_eval_greedy"]["auc"]["mean"] == pytest.approx(float(np.mean(diffs)), abs=1e-6)
+    assert cell["vs_grpo_eval_greedy"]["auc"]["ahead"] == sum(d > 0 for d in diffs)
+    assert "eval_greedy" not in run_study.analyse(runs, [50], 10, 200)["cells"]["0.0003"]["ssr_fill_decay"]
+    task = run_study.TASKS["arithmetic"]
+    grpo_ssr.GRPOConfig(**task["flags"], **run_study.ARMS["ssr_fill_decay"])  # the real-model task is a valid config
+    assert set(task["arms"]) <= set(run_study.ARMS) and task["flags"]["reward_funcs"] == "reward_accuracy"
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Run anywhere: the Colab badge, the first cell, clean outputs
 # ----------------------------------------------------------------------------------------------------------------------
@@ -245,6 +273,7 @@ def test_committed_outputs_have_no_widgets():
     for path in NOTEBOOKS:
         text = path.read_text()
         assert "application/vnd.jupyter.widget-view+json" not in text, f"{path.name}: a widget (tqdm bar) in outputs"
+        assert "widgets" not in json.loads(text)["metadata"], f"{path.name}: saved widget state in its metadata"
 
 
 def test_tqdm_disable_reaches_the_progress_bar(tmp_path, monkeypatch):
