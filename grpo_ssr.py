@@ -66,7 +66,7 @@ keeps its own buffer, and the capacity is `per_device_train_batch_size * gradien
 ssr_capacity_scalar` samples. The paper clears its buffer after each episode (1,024 queries, 16 optimizer steps); the
 nearest setting here is a sliding window, `--ssr_max_age 15 --ssr_capacity_scalar 16`, whose samples are up to 15
 steps old at every step rather than only at the end of an episode. The defaults, `--ssr_mode fill --ssr_age_decay 2`,
-come from the replay study (notebooks/run_study.py, notebook 05): replay helps only while replayed samples are fresh.
+come from the replay study (notebooks/study/run_study.py, notebook 05): replay helps only while replayed samples are fresh.
 Like the paper, advantages are not recomputed when a sample is replayed.
 """
 
@@ -188,8 +188,19 @@ class GRPOConfig:
                                      "(freshness-aware replay). 0 turns the decay off, the paper's plain |A|^alpha. "
                                      "2 was the best replay setting of the replay study (notebook 05): without it, "
                                      "replay lost to plain GRPO at lr 1e-3 on held-out prompts.")
-    max_generation_retries: int = _opt(3, "With SSR, how many extra generation batches to try when the buffer is "
-                                          "empty because every group had zero reward spread; then the step is skipped.")
+    max_generation_retries: int = _opt(3, "Extra generation batches a step may make: with SSR while the buffer is "
+                                          "empty (every group had zero reward spread), with --dynamic_sampling until "
+                                          "the batch is full of groups with spread; then the step trains what it has "
+                                          "or is skipped.")
+    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling (arXiv 2503.14476), a baseline without replay: drop "
+                                         "the groups with zero reward spread and generate further batches (at most "
+                                         "--max_generation_retries) until the step has a full batch of groups with "
+                                         "spread; surplus groups are discarded. Needs --replay_buffer_class "
+                                         "ReplayBuffer.")
+    skip_empty_steps: bool = _opt(False, "Skip the optimizer update of a step with no signal (every trained advantage "
+                                         "is 0 and beta is 0): without it AdamW still moves the weights along its "
+                                         "momentum (and weight decay applies). The schedule advances either way. Off "
+                                         "by default, as in TRL.")
     # --- evaluation
     eval_steps: int = _opt(50, "Score the policy on held-out prompts at step 0, every this many steps and at the last "
                                "step, as `eval_` lines in metrics.jsonl; 0 turns it off. 50 costs the default run "
@@ -291,6 +302,9 @@ def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = No
     _check(cfg.ssr_max_age is None or cfg.ssr_max_age >= 0, "ssr_max_age", cfg.ssr_max_age,
            "must be >= 0 (optimizer steps), or left unset for no age limit")
     _check(cfg.ssr_age_decay >= 0, "ssr_age_decay", cfg.ssr_age_decay, "must be >= 0 (0 turns the decay off)")
+    if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
+        raise ConfigError("--dynamic_sampling is a baseline without replay: use it with --replay_buffer_class "
+                          "ReplayBuffer")
     if cfg.dataset.startswith("arithmetic"):
         _check(arithmetic_levels(cfg.dataset) is not None, "dataset", cfg.dataset,
                f"write arithmetic or arithmetic:LEVELS with levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
@@ -368,6 +382,10 @@ class Dist:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on any."""
+        return bool(self.reduce([float(flag)], "max")[0])
 
     def gather(self, obj) -> list:
         if self.world_size == 1:
@@ -1668,6 +1686,8 @@ class GRPOTrainer:
         self.sample_uid = 0
         self.last_gen_metrics: dict[str, float] = {}
         self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0}
+        if cfg.skip_empty_steps:
+            self.counters["empty_steps_skipped"] = 0
         self.warned_none: set[str] = set()  # reward functions already named in a "returned None" warning
         self.stop_requested = 0
         self.resumed_from: Optional[Path] = None
@@ -1739,10 +1759,13 @@ class GRPOTrainer:
 
     def refill(self) -> int:
         """Generate into the buffer; with SSR retry while it is still empty. Returns how many retries were needed.
+        With --dynamic_sampling, `refill_dynamic` instead.
 
         The generation metrics of the step average over every batch it generated, retries included, so that a
         step which had to retry does not report only the lucky batch.
         """
+        if self.cfg.dynamic_sampling:
+            return self.refill_dynamic()
         self.fresh = self.generate_batch()
         self.buffer.add(self.fresh)
         batches, retries = [self.last_gen_metrics], 0
@@ -1752,13 +1775,43 @@ class GRPOTrainer:
             self.fresh = self.generate_batch()
             self.buffer.add(self.fresh)
             batches.append(self.last_gen_metrics)
+        self._average_gen_metrics(batches)
+        return retries
+
+    def refill_dynamic(self) -> int:
+        """DAPO's dynamic sampling: keep the groups with reward spread, and generate again (at most
+        max_generation_retries times) until they fill a generation batch. Surplus groups are discarded. The step
+        trains what was kept (`self.fresh`), a part batch when the cap is reached first. Returns the retries."""
+        cfg, G = self.cfg, self.cfg.num_generations
+        kept, batches, dropped = [], [], 0
+        while True:
+            samples = self.generate_batch()
+            batches.append(self.last_gen_metrics)
+            for i in range(0, len(samples), G):
+                group = samples[i:i + G]
+                if len(kept) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
+                    kept += group
+                else:
+                    dropped += 1
+            full = len(kept) >= cfg.generation_batch_size
+            if len(batches) > cfg.max_generation_retries or not self.dist.any(not full):  # all ranks together
+                break
+        self.fresh = kept
+        self._average_gen_metrics(batches)
+        self.last_gen_metrics.update(groups_dropped=float(dropped),
+                                     frac_batch_filled=len(kept) / cfg.generation_batch_size)
+        return len(batches) - 1
+
+    def _average_gen_metrics(self, batches: list[dict]) -> None:
         with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
             warnings.simplefilter("ignore", RuntimeWarning)
             self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
-        return retries
 
     def _can_train(self) -> bool:
-        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one."""
+        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one;
+        dynamic sampling, a kept group."""
+        if self.cfg.dynamic_sampling:
+            return len(self.fresh) > 0
         if self.fill and any(float(s["advantages"]) != 0 for s in self.fresh):
             return True
         return self.buffer.can_serve(self.cfg.per_device_train_batch_size)
@@ -1767,6 +1820,8 @@ class GRPOTrainer:
         """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
         cfg = self.cfg
         n, k = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+        if cfg.dynamic_sampling:  # the kept groups, in slices; a part batch has fewer micro-batches
+            return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
         if not self.fill:
             return [self.buffer.sample(n) for _ in range(k)]
         keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
@@ -1804,6 +1859,9 @@ class GRPOTrainer:
                     "step_time": time.perf_counter() - start}
 
         micro_batches = self._micro_batches()
+        if cfg.skip_empty_steps and cfg.beta == 0 and \
+                not self.dist.any(any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)):
+            return self._skip_empty_step(metrics, micro_batches, start)
         # dapo divides by the token count of the whole step, all ranks together; since DDP averages gradients over
         # ranks, its loss is scaled back up by the world size. bnpo divides by this rank's own micro-batch tokens and
         # lets DDP average, as TRL does: N ranks then differ from one big batch, as micro-batches already do.
@@ -1822,7 +1880,7 @@ class GRPOTrainer:
                     epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_per_token_logps=batch["ref_per_token_logps"],
                     loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
                     max_completion_length=cfg.max_completion_length,
-                    num_micro_batches=cfg.gradient_accumulation_steps, num_items_in_batch=step_tokens,
+                    num_micro_batches=len(micro_batches), num_items_in_batch=step_tokens,
                     micro_batch_tokens=own_tokens[i])
                 (loss * scale).backward()
             stale = torch.tensor([s["step"] < self.step for s in samples], device=logps.device)  # (B,) replayed
@@ -1831,8 +1889,8 @@ class GRPOTrainer:
             sums["stale_tokens"] += count
             sums["loss"] += loss.item() * scale  # averaged over ranks in the metrics: the whole job's loss
             for k, v in stats.items():
-                sums[k] += v.item() / cfg.gradient_accumulation_steps
-            self.micro_step += 1
+                sums[k] += v.item() / len(micro_batches)
+        self.micro_step += cfg.gradient_accumulation_steps
 
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         finite = not self.dist.reduce([float(not math.isfinite(sums["loss"]))], op="max")[0] \
@@ -1856,6 +1914,17 @@ class GRPOTrainer:
             metrics["kl"] = sums["kl"]
         metrics["step_time"] = time.perf_counter() - start
         return metrics
+
+    def _skip_empty_step(self, metrics: dict, micro_batches: list[list[dict]], start: float) -> dict[str, float]:
+        """--skip_empty_steps: every trained advantage is 0 and beta is 0, so the loss and its gradient are exactly 0;
+        AdamW would still move the weights along its momentum. No forward, no update; the schedule advances."""
+        self.counters["empty_steps_skipped"] += 1
+        self.micro_step += self.cfg.gradient_accumulation_steps
+        self._advance_schedule(stepped=False)
+        return {**metrics, "loss": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0,
+                "learning_rate": self.scheduler.get_last_lr()[0], "skipped": 1, "skipped_empty": 1,
+                **self._trained_metrics([s for mb in micro_batches for s in mb], {"stale_tokens": 0}),
+                **self._buffer_metrics(), **self.counters, "step_time": time.perf_counter() - start}
 
     def _advance_schedule(self, stepped: bool) -> None:
         """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""

@@ -21,13 +21,13 @@ import urllib.request
 from pathlib import Path
 
 # The replay study that notebook 05 reads: its summary and every run's raw metrics (about 0.75 MB), named as
-# notebooks/run_study.py names them (a test checks that this list and the folder agree).
-STUDY = "notebooks/results/replay_study"
+# notebooks/study/run_study.py names them (a test checks that this list and the folder agree).
+STUDY = "notebooks/study/results/replay_study"
 STUDY_FILES = (f"{STUDY}/summary.json", *(f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.json.gz"
                                           for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay",
                                                       "ssr_replace_stale")
                                           for lr in ("0.001", "0.0003") for seed in range(8)))
-COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/run_study.py",
+COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/study/run_study.py",
                 "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES)
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
 REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "notebooks"))
+sys.path[:0] = [str(ROOT / "notebooks"), str(ROOT / "notebooks" / "study")]
 
 import checks  # noqa: E402
 import solutions  # noqa: E402
@@ -106,7 +106,7 @@ def test_solutions_behave_beyond_the_checked_cases():
 
     auc = {(r["arm"], r["seed"]): run_study.eval_measures(r, [])["auc"] for r in nb05.RUNS if r["learning_rate"] == 3e-4}
     arm, base = (np.array([auc[(a, s)] for s in range(8)]) for a in ("ssr_fill_decay", "grpo"))
-    summary = json.loads((ROOT / "notebooks" / "results" / "replay_study" / "summary.json").read_text())
+    summary = json.loads((ROOT / "notebooks" / "study" / "results" / "replay_study" / "summary.json").read_text())
     want = summary["cells"]["0.0003"]["ssr_fill_decay"]["vs_grpo_eval"]["auc"]
     assert np.allclose(nb05.paired_bootstrap(arm, base), [want["mean"], *want["ci95"]], atol=1e-5)
     assert nb07.strict_answer("\t42 ") == 42.0 and nb07.strict_answer("42 is it") is None

@@ -172,7 +172,7 @@ def test_readme_lists_every_notebook():
 def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
     """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
     bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
-    sys.path.insert(0, str(NOTEBOOK_DIR))
+    sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
     import run_study
 
     import torch
@@ -208,11 +208,11 @@ def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
 def test_run_study_greedy_measures_are_paired_by_seed():
     """--task arithmetic also compares greedy held-out accuracy: its AUC difference to GRPO is the mean over seeds of
     the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
-    sys.path.insert(0, str(NOTEBOOK_DIR))
+    sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
     import numpy as np
     import run_study
 
-    runs = [r for r in run_study.load_raw(NOTEBOOK_DIR / "results" / "replay_study" / "raw")
+    runs = [r for r in run_study.load_raw(NOTEBOOK_DIR / "study" / "results" / "replay_study" / "raw")
             if r["learning_rate"] == 3e-4 and r["arm"] in ("grpo", "ssr_fill_decay")]
     assert len(runs) == 16
     summary = run_study.analyse(runs, [50], 10, 200, greedy=True)
@@ -327,7 +327,7 @@ def _run_first_cell_in(folder: Path, raw_url: str, then: str):
     return nb.cells
 
 
-sys.path.insert(0, str(NOTEBOOK_DIR))
+sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
 import os  # noqa: E402
 
 
@@ -343,9 +343,9 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     assert not errors, errors
     assert "fetched grpo_ssr.py" in text and "torch" in text and "device" in text
     assert str(bare / "grpo_ssr.py") in text
-    study = bare / "notebooks" / "results" / "replay_study"
-    assert (study / "summary.json").is_file() and (bare / "notebooks" / "run_study.py").is_file()
-    assert len(list((study / "raw").glob("*.json.gz"))) == len(list((ROOT / "notebooks" / "results" / "replay_study"
+    study = bare / "notebooks" / "study" / "results" / "replay_study"
+    assert (study / "summary.json").is_file() and (bare / "notebooks" / "study" / "run_study.py").is_file()
+    assert len(list((study / "raw").glob("*.json.gz"))) == len(list((ROOT / "notebooks" / "study" / "results" / "replay_study"
                                                                    / "raw").glob("*.json.gz")))
     assert (bare / "tests" / "benchmarks" / "results" / "recipe_cpu" / "summary.json").is_file()  # notebook 07 reads it
 
@@ -368,9 +368,9 @@ def test_course_files_are_what_notebook_05_reads():
     listed = set(course_setup.COURSE_FILES)
     missing = [name for name in listed if not (ROOT / name).is_file()]
     assert not missing, f"COURSE_FILES lists files the repository does not hold: {missing}"
-    study = ROOT / "notebooks" / "results" / "replay_study"
+    study = ROOT / "notebooks" / "study" / "results" / "replay_study"
     on_disk = {str(p.relative_to(ROOT)) for p in (study / "raw").glob("*.json.gz")} | {
-        "notebooks/results/replay_study/summary.json", "notebooks/run_study.py"}
+        "notebooks/study/results/replay_study/summary.json", "notebooks/study/run_study.py"}
     assert on_disk <= listed, f"not fetched in Colab: {sorted(on_disk - listed)[:5]}"
     summary = json.loads((study / "summary.json").read_text())
     assert len(on_disk) - 2 == len(summary["arms"]) * len(summary["learning_rates"]) * len(summary["settings"]["seeds"])

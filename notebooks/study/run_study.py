@@ -12,12 +12,14 @@ whether replay's gain follows its staleness.
 `--task arithmetic` runs the same comparison on the real model (SmolLM2-135M-Instruct on sums, the README's CPU
 recipe, TASKS has its settings): GRPO against the replay setting we ship, 8 seeds, held-out accuracy greedy and sampled.
 
-    python notebooks/run_study.py                                   # the full study: about 30 minutes on 2 cores
-    python notebooks/run_study.py --task arithmetic                 # the real model: about 50 minutes on 2 cores
-    python notebooks/run_study.py --seeds 0 1 --max_steps 40 --out_dir /tmp/pilot     # a pilot, with an estimate
-    python notebooks/run_study.py --analyse_only                    # rebuild summary.json from the raw data alone
+    python notebooks/study/run_study.py                             # the full study: about 30 minutes on 2 cores
+    python notebooks/study/run_study.py --task arithmetic           # the real model: about 50 minutes on 2 cores
+    python notebooks/study/run_study.py --task replication          # the pre-registered replication (README)
+    python notebooks/study/run_study.py --seeds 0 1 --max_steps 40 --out_dir /tmp/pilot   # a pilot, with an estimate
+    python notebooks/study/run_study.py --analyse_only              # rebuild summary.json from the raw data alone
 
-Writes, under --out_dir (notebooks/results/replay_study, or replay_study_arithmetic, by default):
+Writes, under --out_dir (notebooks/study/results/ and the task's folder: replay_study, replay_study_arithmetic or
+replication, by default):
     raw/<arm>-lr<lr>-seed<seed>.json.gz   every metrics line of the run (columns, 6 significant digits), its config
                                           and wall time: everything the summary is computed from
     summary.json                          the analysis
@@ -48,7 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the worker process
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
 
 import numpy as np  # noqa: E402
 
@@ -65,6 +67,10 @@ ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compar
     "ssr_fill_max_age": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=2, ssr_age_decay=0.0),
     "ssr_replace_stale": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_capacity_scalar=16,
                               ssr_age_decay=0.0),
+    # The baselines of the replication (README, "The replication"): is replay's gain more than never taking an
+    # empty step (grpo_skip_empty), and does it beat generating until the batch has signal (dapo)?
+    "grpo_skip_empty": dict(replay_buffer_class="ReplayBuffer", skip_empty_steps=True),
+    "dapo": dict(replay_buffer_class="ReplayBuffer", dynamic_sampling=True),
 }
 DEFAULT_ARMS = ["grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay", "ssr_replace_stale"]
 BASELINE = "grpo"
@@ -83,7 +89,18 @@ TASKS = {  # --task -> the GRPOConfig flags every run of it shares, and the stud
                                   temperature=0.7, eval_num_generations=2, bf16=False),
                        arms=["grpo", "ssr_fill_decay"], learning_rates=[2e-5], max_steps=20, eval_steps=5,
                        points_every=10, greedy=True, out_dir="replay_study_arithmetic"),
+    # The pre-registered replication (README, "The replication"): the same setting on fresh seeds 8-15, arms in
+    # order of priority, so that a study stopped early still has whole seeds of the first arms.
+    "replication": dict(flags=dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
+                                   per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
+                                   temperature=0.7, eval_num_generations=2, bf16=False),
+                        arms=["grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay", "filter", "ssr_replace",
+                              "ssr_fill"],
+                        learning_rates=[2e-5], max_steps=20, eval_steps=5, points_every=10, greedy=True,
+                        seeds=list(range(8, 16)), out_dir="replication"),
 }
+PRIMARY = ("eval_greedy", "auc")  # the replication's primary endpoint: greedy held-out accuracy AUC
+DECISION = ("ssr_fill_decay", ["grpo_skip_empty", "dapo"])  # the replay we ship against the two baselines
 STALENESS = ("clip_ratio", "sample_age", "replay_abs_log_ratio", "frac_zero_adv_trained", "unique_sample_frac",
              "replay_frac", "frac_reward_zero_std", "buffer_ess")
 
@@ -107,33 +124,67 @@ def run_name(arm: str, lr: float, seed: int) -> str:
     return f"{arm}-lr{lr:g}-seed{seed}"
 
 
+def run_config(arm: str, lr: float, seed: int, base: dict, output_dir: str = "") -> grpo_ssr.GRPOConfig:
+    return grpo_ssr.GRPOConfig(**{**base, **ARMS[arm], "learning_rate": lr, "seed": seed, "output_dir": output_dir,
+                                  "overwrite_output_dir": True})
+
+
+def recorded_config(cfg: grpo_ssr.GRPOConfig) -> dict:
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k != "output_dir"}
+
+
+def same_settings(stored: dict, planned: dict) -> bool:
+    """A raw file belongs to this plan if every setting it recorded is the planned one. A field the file predates
+    counts as the same only at its default (a new option, off)."""
+    defaults = recorded_config(grpo_ssr.GRPOConfig())
+    return all(stored[k] == v if k in stored else v == defaults[k] for k, v in planned.items())
+
+
+def pending(plan: list[tuple], base: dict, raw_dir: Path) -> list[tuple]:
+    """The runs of the plan that have no raw file yet: the study resumes where it stopped. A raw file with other
+    settings stops the study rather than mixing them."""
+    todo = []
+    for arm, lr, seed in plan:
+        path = raw_dir / f"{run_name(arm, lr, seed)}.json.gz"
+        if not path.is_file():
+            todo.append((arm, lr, seed))
+            continue
+        with gzip.open(path, "rt") as f:
+            stored = json.load(f)["config"]
+        if not same_settings(stored, recorded_config(run_config(arm, lr, seed, base))):
+            raise SystemExit(f"{path} was run with other settings; move it away, or pass --fresh to start over")
+    return todo
+
+
 def run_one(arm: str, lr: float, seed: int, base: dict, raw_dir: str) -> dict:
     """Train one arm at one learning rate and seed; write its raw file; return its name and wall time."""
     import torch
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="grpo_ssr_study_") as tmp:
-        cfg = grpo_ssr.GRPOConfig(**{**base, **ARMS[arm], "learning_rate": lr, "seed": seed,
-                                     "output_dir": tmp, "overwrite_output_dir": True})
+        cfg = run_config(arm, lr, seed, base, tmp)
         start, cpu = time.perf_counter(), time.process_time()
         with contextlib.redirect_stdout(io.StringIO()):  # run() prints the resolved config
             grpo_ssr.run(cfg)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "output_dir"}
+    config = recorded_config(cfg)
     record = {"arm": arm, "learning_rate": lr, "seed": seed, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
               "config": config,
               "train": columns([r for r in rows if "eval_reward" not in r]),  # eval lines: see INTERFACES.md
               "eval": columns([r for r in rows if "eval_reward" in r])}
     path = Path(raw_dir) / f"{run_name(arm, lr, seed)}.json.gz"
-    with gzip.open(path, "wt") as f:
+    tmp_path = path.with_name(f".{path.name}.tmp")  # a run stopped mid-write leaves no raw file to resume past
+    with gzip.open(tmp_path, "wt") as f:
         json.dump(record, f, separators=(",", ":"))
+    tmp_path.replace(path)
     return {"name": path.name, "wall_s": record["wall_s"], "cpu_s": record["cpu_s"]}
 
 
 def run_all(plan: list[tuple], base: dict, raw_dir: Path, jobs: int) -> None:
-    """Run every (arm, lr, seed) of the plan, `jobs` at a time, the longest arms first so the tail is short."""
-    order = sorted(plan, key=lambda p: p[0] not in ("filter", "ssr_replace_stale"))
+    """Run every (arm, lr, seed) of the plan, `jobs` at a time, seed by seed and the arms in their order, so that a
+    study stopped early holds whole seeds of the first arms."""
+    order = sorted(plan, key=lambda p: (p[2], p[1]))  # stable: the arms keep their order within a seed
     done = 0
     if jobs == 1:  # in this process: what the tests use
         for arm, lr, seed in order:
@@ -175,12 +226,52 @@ def bootstrap_mean_ci(diffs: np.ndarray, n_boot: int = 10_000, seed: int = 0) ->
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
+# Student's t quantile t(0.975, df) for df = 1..30: a 95% interval of a mean over a handful of seeds.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def t_interval(diffs: np.ndarray) -> list[float]:
+    """mean +- t(0.975, n - 1) * sd / sqrt(n): the 95% interval of a mean of paired differences at small n (the
+    percentile bootstrap is too narrow there)."""
+    d = diffs[~np.isnan(diffs)]
+    if len(d) < 2:
+        return [float("nan"), float("nan")]
+    t = T975[len(d) - 2] if len(d) - 1 <= len(T975) else 1.96
+    half = t * d.std(ddof=1) / np.sqrt(len(d))
+    return [float(d.mean() - half), float(d.mean() + half)]
+
+
+def sign_flip_p(diffs: np.ndarray) -> float:
+    """Exact two-sided paired permutation test: under no effect each seed's difference is as likely to have either
+    sign, so the p-value is the share of the 2^n sign patterns whose |mean| is at least the observed one. With 8
+    seeds the smallest possible p is 2/256 = 0.0078."""
+    d = diffs[~np.isnan(diffs)]
+    if len(d) == 0:
+        return float("nan")
+    signs = 1 - 2 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)  # (2^n, n) of +-1
+    means = np.abs((signs * d).mean(axis=1))
+    return float(np.mean(means >= abs(d.mean()) - 1e-12))
+
+
+def holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate)."""
+    order = sorted(pvalues, key=pvalues.get)
+    out, running = {}, 0.0
+    for i, key in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * pvalues[key]))
+        out[key] = running
+    return out
+
+
 def paired(values: dict[int, float], baseline: dict[int, float], n_boot: int) -> dict:
-    """Arm minus GRPO, seed by seed: mean, bootstrap 95% interval, and on how many seeds the arm was ahead."""
+    """Arm minus GRPO, seed by seed: mean, t and bootstrap 95% intervals, the exact sign-flip p-value, and on how
+    many seeds the arm was ahead."""
     seeds = sorted(set(values) & set(baseline))
     d = np.array([values[s] - baseline[s] for s in seeds], dtype=float)
     ci = bootstrap_mean_ci(d, n_boot)
     return {"mean": round(float(np.nanmean(d)), 5) if len(d) else None, "ci95": [round(c, 5) for c in ci],
+            "t95": [round(c, 5) for c in t_interval(d)], "p_signflip": round(sign_flip_p(d), 5),
             "ahead": int((d > 0).sum()), "seeds": len(seeds)}
 
 
@@ -227,14 +318,24 @@ def cost(run: dict) -> dict[str, float]:
             "skipped_steps": float(series(t, "skipped_steps")[-1])}
 
 
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 0..n-1, tied values sharing the mean of their ranks (Filter's |log ratio| is 0 by construction)."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    for value in np.unique(x):
+        tied = x == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
 def spearman(x: list[float], y: list[float]) -> float:
-    """Rank correlation (no ties expected among run means)."""
+    """Spearman's rank correlation, with ties given their average rank."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     if keep.sum() < 3:
         return float("nan")
-    rx, ry = np.argsort(np.argsort(x[keep])), np.argsort(np.argsort(y[keep]))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(average_ranks(x[keep]), average_ranks(y[keep]))[0, 1])
 
 
 def _rounded(d: dict, digits: int = 5) -> dict:
@@ -315,6 +416,77 @@ def gain_vs_staleness(summary: dict, have_eval: bool) -> dict:
     return out
 
 
+def stuck(run: dict) -> bool:
+    """The replication's pre-registered definition: a run is stuck when its greedy held-out accuracy at the last
+    evaluation is below its greedy accuracy at step 0 (training made the greedy answers worse)."""
+    greedy = series(run["eval"], "eval_greedy_reward")
+    return bool(greedy[-1] < greedy[0])
+
+
+def empty_steps(run: dict) -> int:
+    """Steps whose trained samples all had advantage 0: no gradient (with beta 0), whether or not AdamW stepped."""
+    return int(np.nansum(series(run["train"], "frac_zero_adv_trained") == 1))
+
+
+def replication_table(runs: list[dict], n_boot: int) -> dict:
+    """The table the protocol (README, "The replication") fixes: per arm, the primary endpoint (greedy held-out
+    accuracy AUC) paired with GRPO by seed, its exact sign-flip p-value raw and Holm-adjusted across the arms, the
+    t-interval, seeds ahead, stuck seeds, and cost; the secondary endpoints; and the decision comparisons of the
+    replay we ship against the two baselines, Holm-adjusted between themselves."""
+    kind, key = PRIMARY
+    by_arm = {a: {r["seed"]: r for r in runs if r["arm"] == a} for a in ARMS if any(r["arm"] == a for r in runs)}
+
+    def measure(run, kind_, key_):
+        return eval_measures(run, [], "eval_greedy_reward" if kind_ == "eval_greedy" else "eval_reward")[key_]
+
+    def versus(arm, other, kind_=kind, key_=key):
+        return paired({s: measure(r, kind_, key_) for s, r in by_arm[arm].items()},
+                      {s: measure(r, kind_, key_) for s, r in by_arm[other].items()}, n_boot)
+
+    arms, table = list(by_arm), {}
+    for arm in arms:
+        own = by_arm[arm]
+        co = [cost(r) for r in own.values()]
+        row = {"seeds": sorted(own), "primary": float(np.mean([measure(r, kind, key) for r in own.values()])),
+               "stuck_seeds": sorted(s for s, r in own.items() if stuck(r)),
+               "empty_steps_per_run": float(np.mean([empty_steps(r) for r in own.values()])),
+               "completions_per_run": float(np.mean([c["completions"] for c in co])),
+               "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
+               "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co]))}
+        if arm != BASELINE and BASELINE in by_arm:
+            row["vs_grpo"] = versus(arm, BASELINE)
+            row["vs_grpo_secondary"] = {
+                "sampled_auc": versus(arm, BASELINE, "eval", "auc"),
+                "greedy_final": versus(arm, BASELINE, "eval_greedy", "final"),
+                "sampled_final": versus(arm, BASELINE, "eval", "final")}
+        table[arm] = _rounded(row) | {k: v for k, v in row.items() if isinstance(v, (dict, list))}
+    family = {a: table[a]["vs_grpo"]["p_signflip"] for a in arms if "vs_grpo" in table[a]}
+    for arm, adjusted in holm(family).items():
+        table[arm]["vs_grpo"]["p_holm"] = round(adjusted, 5)
+    decision = {}
+    ssr, baselines = DECISION
+    if ssr in by_arm:
+        decision = {f"{ssr}_vs_{b}": versus(ssr, b) for b in baselines if b in by_arm}
+        for name, adjusted in holm({n: d["p_signflip"] for n, d in decision.items()}).items():
+            decision[name]["p_holm"] = round(adjusted, 5)
+    return {"endpoint": f"{kind} {key}", "family": sorted(family), "arms": table, "decision": decision}
+
+
+def print_replication(rep: dict) -> None:
+    print(f"replication: primary endpoint {rep['endpoint']}, paired with GRPO by seed (exact sign-flip p, Holm "
+          f"across {len(rep['family'])} arms)")
+    for arm, row in rep["arms"].items():
+        v = row.get("vs_grpo")
+        vs = (f"{v['mean']:+.4f} t95 [{v['t95'][0]:+.4f}, {v['t95'][1]:+.4f}] p {v['p_signflip']:.4f} "
+              f"holm {v['p_holm']:.4f} ahead {v['ahead']}/{v['seeds']}") if v else "(baseline)"
+        print(f"  {arm:16s} {row['primary']:.4f}  {vs:62s} stuck {len(row['stuck_seeds'])}/{len(row['seeds'])} "
+              f"empty {row['empty_steps_per_run']:.1f}  completions {row['completions_per_run']:.0f}  "
+              f"wall {row['wall_s_per_run']:.0f}s")
+    for name, d in rep["decision"].items():
+        print(f"  decision {name}: {d['mean']:+.4f} t95 [{d['t95'][0]:+.4f}, {d['t95'][1]:+.4f}] "
+              f"p {d['p_signflip']:.4f} holm {d['p_holm']:.4f} ahead {d['ahead']}/{d['seeds']}")
+
+
 def estimate(runs: list[dict], arms: list[str], lrs: list[float], seeds: int, steps: int, jobs: int) -> float:
     """Minutes the given plan would take on `jobs` quiet cores. A run is one thread, so on a core of its own its wall
     time is its CPU time: each arm's CPU seconds per step here times `steps`, plus its start-up (CPU time not spent in
@@ -387,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                    "arithmetic: SmolLM2-135M-Instruct on sums (the CPU recipe). Sets the defaults marked (task)")
     p.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="(task)")
     p.add_argument("--learning_rates", type=float, nargs="+", default=None, help="(task)")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(task) 0-7; 8-15 for replication")
     p.add_argument("--max_steps", type=int, default=None, help="(task)")
     p.add_argument("--eval_steps", type=int, default=None, help="held-out evaluation every N steps (when grpo_ssr "
                                                                "has eval_steps); 0 turns it off (task)")
@@ -399,14 +571,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override GRPOConfig fields in "
                    "every run, e.g. max_completion_length=32")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
-    p.add_argument("--out_dir", default=None, help="(task) notebooks/results/replay_study, or "
-                                                   "replay_study_arithmetic for --task arithmetic")
+    p.add_argument("--out_dir", default=None, help="(task) notebooks/study/results/replay_study, "
+                                                   "replay_study_arithmetic or replication")
     p.add_argument("--analyse_only", action="store_true", help="skip training; rebuild summary.json from raw/")
+    p.add_argument("--fresh", action="store_true", help="delete raw/ first; by default the study resumes, running "
+                   "only the runs that have no raw file yet")
     args = p.parse_args(argv)
     task = TASKS[args.task]
     for key in ("arms", "learning_rates", "max_steps", "eval_steps"):
         if getattr(args, key) is None:
             setattr(args, key, task[key])
+    args.seeds = args.seeds if args.seeds is not None else task.get("seeds", list(range(8)))
     args.out_dir = args.out_dir or str(HERE / "results" / task["out_dir"])
 
     out_dir, started = Path(args.out_dir), time.perf_counter()
@@ -416,10 +591,13 @@ def main(argv: list[str] | None = None) -> int:
         base["eval_steps"] = args.eval_steps
     if not args.analyse_only:
         raw_dir.mkdir(parents=True, exist_ok=True)
-        for stale in raw_dir.glob("*.json.gz"):  # a new study replaces the old one whole: no mixed settings
+        for stale in raw_dir.glob("*.json.gz") if args.fresh else ():
             stale.unlink()
         plan = [(arm, lr, seed) for arm in args.arms for lr in args.learning_rates for seed in args.seeds]
-        run_all(plan, base, raw_dir, args.jobs)
+        todo = pending(plan, base, raw_dir)
+        if len(todo) < len(plan):
+            print(f"resuming: {len(plan) - len(todo)} of {len(plan)} runs are already in {raw_dir}", flush=True)
+        run_all(todo, base, raw_dir, args.jobs)
     runs = load_raw(raw_dir)
     if not runs:
         raise SystemExit(f"no raw runs in {raw_dir}")
@@ -427,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     every = task["points_every"]
     points = args.points or sorted({*range(every, steps + 1, every), steps})
     summary = analyse(runs, points, args.window, args.bootstrap, greedy=task["greedy"])
+    if args.task == "replication":
+        summary["replication"] = replication_table(runs, args.bootstrap)
     first = runs[0]
     summary["settings"] = {"reward": first["config"]["reward_funcs"], "arm_flags": {a: ARMS[a] for a in summary["arms"]},
                            "seeds": sorted({r["seed"] for r in runs}), "max_steps": steps, "jobs": args.jobs,
@@ -435,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["settings"]["task"] = args.task
     summary["environment"] = {"python": platform.python_version(), "numpy": np.__version__,
                               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
-    full = dict(arms=task["arms"], lrs=task["learning_rates"], seeds=len(p.get_default("seeds")),
+    full = dict(arms=task["arms"], lrs=task["learning_rates"], seeds=len(task.get("seeds", range(8))),
                 steps=task["max_steps"], jobs=p.get_default("jobs"))
     if not args.analyse_only:
         summary["total_wall_s"] = round(time.perf_counter() - started, 1)
@@ -445,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
         summary.update({k: old[k] for k in ("total_wall_s", "estimate_full_default_min") if k in old})
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print_summary(summary)
+    if "replication" in summary:
+        print_replication(summary["replication"])
     if "estimate_full_default_min" in summary:
         print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default {args.task} study "
               f"({len(full['arms'])} arms, learning rates {full['lrs']}, {full['seeds']} seeds, {full['steps']} steps, "
