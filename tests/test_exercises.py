@@ -1,5 +1,5 @@
-"""The exercises' checks (notebooks/checks.py): each accepts its solution (notebooks/solutions/), rejects a wrong
-answer, and reports an unanswered one as such; and every check is used by a notebook."""
+"""The exercises' checks (notebooks/course/checks.py): each accepts its solution (notebooks/course/solutions/), rejects
+a wrong answer, and reports an unanswered one as such; and every check is used by a notebook."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "notebooks"), str(ROOT / "notebooks" / "study")]
+sys.path[:0] = [str(ROOT / "notebooks" / "course"), str(ROOT / "notebooks" / "study")]
 
 import checks  # noqa: E402
 import solutions  # noqa: E402

@@ -172,7 +172,7 @@ def test_readme_lists_every_notebook():
 def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
     """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
     bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
-    sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
+    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
     import run_study
 
     import torch
@@ -208,7 +208,7 @@ def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
 def test_run_study_greedy_measures_are_paired_by_seed():
     """--task arithmetic also compares greedy held-out accuracy: its AUC difference to GRPO is the mean over seeds of
     the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
-    sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
+    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
     import numpy as np
     import run_study
 
@@ -327,7 +327,7 @@ def _run_first_cell_in(folder: Path, raw_url: str, then: str):
     return nb.cells
 
 
-sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
+sys.path[:0] = [str(NOTEBOOK_DIR / "course"), str(NOTEBOOK_DIR / "study")]
 import os  # noqa: E402
 
 
@@ -337,7 +337,8 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     grpo_ssr.py and the course files, and `import grpo_ssr` then works (from the fetched copy)."""
     bare = tmp_path / "bare"
     bare.mkdir()
-    cells = _run_first_cell_in(bare, _remote_copy(tmp_path), "import grpo_ssr, checks\nprint(grpo_ssr.__file__)")
+    cells = _run_first_cell_in(bare, _remote_copy(tmp_path),
+                               "import grpo_ssr, checks, run_study\nprint(grpo_ssr.__file__)")
     text = "".join(o.get("text", "") for c in cells for o in c.outputs)
     errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
     assert not errors, errors

@@ -3,7 +3,7 @@
 A check prints whether the answer is right; a wrong answer raises AssertionError with a hint; `None` (or a function
 that still returns None) means "not answered yet". Number answers are compared with stored references or hashes and
 functions are tested on hand-computed cases and properties, so no check cell shows the solution. The solutions live in
-notebooks/solutions/, and tests/test_exercises.py runs every check against them and against wrong answers.
+notebooks/course/solutions/, and tests/test_exercises.py runs every check against them and against wrong answers.
 """
 
 from __future__ import annotations

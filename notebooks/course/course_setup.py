@@ -1,4 +1,8 @@
-"""What the first cell of every notebook runs, so that a notebook works wherever it is opened.
+"""The course's set-up: what the first cell of every notebook runs, so that a notebook works wherever it is opened.
+
+notebooks/ holds the course itself (the numbered notebooks), notebooks/study/ the replay study that notebook 05 reads
+(run_study.py beside its results), and this folder, notebooks/course/, the machinery behind the exercises: this file,
+checks.py (the exercises' checks) and solutions/ (their solutions, which tests/test_exercises.py runs).
 
 - In the repository (the notebook's folder or its parent holds grpo_ssr.py) nothing is fetched or installed.
 - Anywhere else (Colab, a bare Jupyter kernel) the course files are downloaded from the repository into the current
@@ -27,8 +31,10 @@ STUDY_FILES = (f"{STUDY}/summary.json", *(f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.
                                           for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay",
                                                       "ssr_replace_stale")
                                           for lr in ("0.001", "0.0003") for seed in range(8)))
-COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/study/run_study.py",
-                "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES)
+COURSE_FILES = ("grpo_ssr.py", "notebooks/course/course_setup.py", "notebooks/course/checks.py",
+                "notebooks/study/run_study.py", "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES)
+# where the notebooks import from: grpo_ssr, checks and course_setup, run_study
+IMPORT_PATHS = (".", "notebooks/course", "notebooks/study")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
 REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),
                 "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8)),
@@ -98,9 +104,9 @@ def setup(base: str, here: Path | None = None) -> Path:
             print("installing", " ".join(missing))
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=False)
             importlib.invalidate_caches()
-    for path in (root / "notebooks", root):
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
+    for path in reversed(IMPORT_PATHS):
+        if str(root / path) not in sys.path:
+            sys.path.insert(0, str(root / path))
     try:
         import grpo_ssr  # noqa: F401
     except Exception as e:
