@@ -8,9 +8,9 @@ checks.py (the exercises' checks) and solutions/ (their solutions, which tests/t
 - Anywhere else (Colab, a bare Jupyter kernel) the course files are downloaded from the repository into the current
   folder, laid out as in the repository, and the packages that are missing or too old are installed with pip.
 
-Then the versions that matter are printed, and if `import grpo_ssr` still fails the cell stops with one line that
-says why. The repository's address is written once in that cell (and once in the README); the environment variable
-GRPO_SSR_RAW replaces it (the tests point it at a local copy, with a file:// URL).
+Then the versions that matter are printed, and if a download or `import grpo_ssr` fails the cell stops with one line
+that says why. The repository's address is written once in that cell (and once in the README); the environment
+variable GRPO_SSR_RAW replaces it (the tests point it at a local copy, with a file:// URL).
 """
 
 from __future__ import annotations
@@ -54,17 +54,21 @@ def find_root(here: Path) -> Path | None:
 
 
 def fetch(base: str, dest: Path) -> list[str]:
-    """Download each course file that `dest` does not hold yet; return the ones downloaded."""
+    """Download each course file that `dest` does not hold yet; return the ones downloaded. A file (and its folder) is
+    written only once it has been read whole, so a failed download leaves no empty folder or partial file."""
     got = []
     for name in COURSE_FILES:
         target = dest / name
         if target.exists():
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            urllib.request.urlretrieve(f"{base.rstrip('/')}/{name}", target)
-        except OSError as e:
-            raise SetupError(f"could not download {name} from {base}: {e}") from None
+            with urllib.request.urlopen(f"{base.rstrip('/')}/{name}", timeout=60) as response:
+                data = response.read()
+        except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors; a malformed URL is a ValueError
+            raise SetupError(f"could not download {name} from {base} ({getattr(e, 'reason', e)}): check the network, "
+                             f"or clone the repository and open the notebooks there") from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
         got.append(name)
     return got
 
@@ -98,7 +102,7 @@ def setup(base: str, here: Path | None = None) -> Path:
         root = here
         got = fetch(base, root)
         if got:
-            print("fetched", ", ".join(got), "from", base)
+            print(f"fetched {len(got)} course files from {base}")  # grpo_ssr.py, the checks, the replay study
         missing = missing_requirements()
         if missing:
             print("installing", " ".join(missing))
