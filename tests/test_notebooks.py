@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -274,6 +275,18 @@ def test_committed_outputs_have_no_widgets():
         text = path.read_text()
         assert "application/vnd.jupyter.widget-view+json" not in text, f"{path.name}: a widget (tqdm bar) in outputs"
         assert "widgets" not in json.loads(text)["metadata"], f"{path.name}: saved widget state in its metadata"
+
+
+def test_notebook_07_names_the_buffer_settings_it_ran_with():
+    """Notebook 07 trains with the default SSR settings: its committed output prints them and its prose names them,
+    and both must be today's defaults (the prose once said `replace` after the default had become `fill`)."""
+    cfg = grpo_ssr.GRPOConfig()
+    nb = json.loads((NOTEBOOK_DIR / "07_real_model.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+    assert f"(ssr_mode {cfg.ssr_mode}, ssr_age_decay {cfg.ssr_age_decay:g})" in printed
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    named = re.findall(r"`ssr_mode` (\w+)", prose)
+    assert named and set(named) == {cfg.ssr_mode}, f"the prose names ssr_mode {named}; the default is {cfg.ssr_mode}"
 
 
 def test_tqdm_disable_reaches_the_progress_bar(tmp_path, monkeypatch):
