@@ -1,5 +1,6 @@
-"""The exercises' checks (notebooks/checks.py): each accepts its solution (notebooks/solutions/), rejects a wrong
-answer, and reports an unanswered one as such; and every check is used by a notebook."""
+"""The exercises' checks (notebooks/course/checks.py): each accepts its solution (notebooks/course/solutions/), rejects
+a wrong answer with one line and a hint, and reports an unanswered one as such; and every check is used by a
+notebook."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "notebooks"), str(ROOT / "notebooks" / "study")]
+sys.path[:0] = [str(ROOT / "notebooks" / "course"), str(ROOT / "notebooks" / "study")]
 
 import checks  # noqa: E402
 import solutions  # noqa: E402
@@ -67,7 +68,7 @@ WRONG = {
 @pytest.mark.parametrize("wrong", [_interval_of_the_seeds, (0.0632, 0.0574), (0.015288, 0.018906)],
                          ids=["percentiles of the differences", "whole run", "swapped"])
 def test_study_checks_reject_other_mistakes(wrong):
-    with pytest.raises(AssertionError, match="not quite"):
+    with pytest.raises(checks.NotYet, match="not yet"):
         checks.check("05.1" if callable(wrong) else "05.2", wrong)
 
 
@@ -82,9 +83,33 @@ def test_check_accepts_the_solution(exercise, capsys):
 
 
 @pytest.mark.parametrize("exercise", sorted(checks.CHECKS))
-def test_check_rejects_a_wrong_answer(exercise):
-    with pytest.raises(AssertionError, match="not quite"):
+def test_check_rejects_a_wrong_answer(exercise, capsys):
+    """One line that names the exercise and gives a hint; nothing printed that could read as a pass."""
+    with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: ") as raised:
         checks.check(exercise, WRONG[exercise])
+    assert isinstance(raised.value, AssertionError)  # a script or pytest still sees a failed check
+    assert raised.value._render_traceback_() == [str(raised.value)]  # what IPython shows instead of a traceback
+    assert "\n" not in str(raised.value) and len(str(raised.value)) > len(f"exercise {exercise}: not yet: ") + 20
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_a_wrong_answer_shows_one_line_in_a_notebook():
+    """In a kernel started as the notebooks are (cwd notebooks/), a wrong answer shows as one line with the hint and
+    no traceback; the right one then passes."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = ["import sys; sys.path.insert(0, 'course'); sys.path.insert(0, '..')\nimport checks",
+             'checks.check("03.1", (0.5, 0.5))', 'checks.check("03.1", (0.5, 2 / 3))']
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    wrong, right = nb.cells[1].outputs, nb.cells[2].outputs
+    assert [o.output_type for o in wrong] == ["error"] and wrong[0].ename == "NotYet"
+    assert len(wrong[0].traceback) == 1 and "Traceback" not in wrong[0].traceback[0]
+    assert wrong[0].traceback[0].startswith("exercise 03.1: not yet: got (0.5, 0.5). P(i) = ")
+    assert "exercise 03.1: correct" in "".join(o.get("text", "") for o in right)
 
 
 @pytest.mark.parametrize("exercise", sorted(checks.CHECKS))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -172,7 +173,7 @@ def test_readme_lists_every_notebook():
 def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
     """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
     bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
-    sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
+    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
     import run_study
 
     import torch
@@ -208,7 +209,7 @@ def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
 def test_run_study_greedy_measures_are_paired_by_seed():
     """--task arithmetic also compares greedy held-out accuracy: its AUC difference to GRPO is the mean over seeds of
     the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
-    sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
+    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
     import numpy as np
     import run_study
 
@@ -276,6 +277,18 @@ def test_committed_outputs_have_no_widgets():
         assert "widgets" not in json.loads(text)["metadata"], f"{path.name}: saved widget state in its metadata"
 
 
+def test_notebook_07_names_the_buffer_settings_it_ran_with():
+    """Notebook 07 trains with the default SSR settings: its committed output prints them and its prose names them,
+    and both must be today's defaults (the prose once said `replace` after the default had become `fill`)."""
+    cfg = grpo_ssr.GRPOConfig()
+    nb = json.loads((NOTEBOOK_DIR / "07_real_model.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+    assert f"(ssr_mode {cfg.ssr_mode}, ssr_age_decay {cfg.ssr_age_decay:g})" in printed
+    prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    named = re.findall(r"`ssr_mode` (\w+)", prose)
+    assert named and set(named) == {cfg.ssr_mode}, f"the prose names ssr_mode {named}; the default is {cfg.ssr_mode}"
+
+
 def test_tqdm_disable_reaches_the_progress_bar(tmp_path, monkeypatch):
     """tqdm.auto picks the notebook bar in Jupyter, and that one ignores TQDM_DISABLE: train() must pass it on."""
     import tqdm.auto
@@ -327,7 +340,7 @@ def _run_first_cell_in(folder: Path, raw_url: str, then: str):
     return nb.cells
 
 
-sys.path[:0] = [str(NOTEBOOK_DIR), str(NOTEBOOK_DIR / "study")]
+sys.path[:0] = [str(NOTEBOOK_DIR / "course"), str(NOTEBOOK_DIR / "study")]
 import os  # noqa: E402
 
 
@@ -337,11 +350,16 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     grpo_ssr.py and the course files, and `import grpo_ssr` then works (from the fetched copy)."""
     bare = tmp_path / "bare"
     bare.mkdir()
-    cells = _run_first_cell_in(bare, _remote_copy(tmp_path), "import grpo_ssr, checks\nprint(grpo_ssr.__file__)")
+    import course_setup
+
+    raw = _remote_copy(tmp_path)
+    cells = _run_first_cell_in(bare, raw, "import grpo_ssr, checks, run_study\nprint(grpo_ssr.__file__)")
     text = "".join(o.get("text", "") for c in cells for o in c.outputs)
     errors = [o for c in cells for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
-    assert "fetched grpo_ssr.py" in text and "torch" in text and "device" in text
+    # one short line for the ~100 files, not their names; course_setup.py itself came with the cell
+    assert f"fetched {len(course_setup.COURSE_FILES) - 1} course files from {raw}\n" in text
+    assert "torch" in text and "device" in text
     assert str(bare / "grpo_ssr.py") in text
     study = bare / "notebooks" / "study" / "results" / "replay_study"
     assert (study / "summary.json").is_file() and (bare / "notebooks" / "study" / "run_study.py").is_file()
@@ -358,6 +376,32 @@ def test_first_cell_fails_with_one_line_when_the_import_fails(tmp_path):
     error = next(o for o in cells[0].outputs if o.output_type == "error")
     assert error.ename == "SetupError" and len(error.traceback) == 1
     assert "import grpo_ssr failed" in error.traceback[0] and "a_module_that_does_not_exist" in error.traceback[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("missing", ["notebooks/course/course_setup.py", "notebooks/course/checks.py"])
+def test_first_cell_fails_with_one_line_when_the_course_cannot_be_fetched(tmp_path, missing):
+    """No network: the raw URL points nowhere (so the cell's own download of course_setup.py fails), or the network
+    drops later (course_setup's download of checks.py fails). Either way the cell stops with one line that names the
+    file and what to do, and leaves no empty folder behind."""
+    if missing.endswith("course_setup.py"):
+        raw = (tmp_path / "nowhere").as_uri()
+    else:
+        raw = _remote_copy(tmp_path)
+        (tmp_path / "remote" / missing).unlink()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    outputs = _run_first_cell_in(bare, raw, "print('not reached')")[0].outputs
+    error = next(o for o in outputs if o.output_type == "error")
+    assert error.ename == "SetupError" and len(error.traceback) == 1
+    shown = "".join(o.get("text", "") for o in outputs) + "\n".join(error.traceback)
+    assert "Traceback" not in shown and len(shown.splitlines()) <= 3, shown
+    assert f"{missing} from {raw}" in error.traceback[0]
+    assert "check the network" in error.traceback[0] and "clone the repository" in error.traceback[0]
+    empty = [p for p in bare.rglob("*") if p.is_dir() and not any(p.iterdir())]
+    assert not empty, f"empty folders left behind: {empty}"
+    if missing.endswith("course_setup.py"):
+        assert not any(bare.iterdir())  # nothing fetched, nothing created
 
 
 def test_course_files_are_what_notebook_05_reads():

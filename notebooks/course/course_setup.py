@@ -1,12 +1,16 @@
-"""What the first cell of every notebook runs, so that a notebook works wherever it is opened.
+"""The course's set-up: what the first cell of every notebook runs, so that a notebook works wherever it is opened.
+
+notebooks/ holds the course itself (the numbered notebooks), notebooks/study/ the replay study that notebook 05 reads
+(run_study.py beside its results), and this folder, notebooks/course/, the machinery behind the exercises: this file,
+checks.py (the exercises' checks) and solutions/ (their solutions, which tests/test_exercises.py runs).
 
 - In the repository (the notebook's folder or its parent holds grpo_ssr.py) nothing is fetched or installed.
 - Anywhere else (Colab, a bare Jupyter kernel) the course files are downloaded from the repository into the current
   folder, laid out as in the repository, and the packages that are missing or too old are installed with pip.
 
-Then the versions that matter are printed, and if `import grpo_ssr` still fails the cell stops with one line that
-says why. The repository's address is written once in that cell (and once in the README); the environment variable
-GRPO_SSR_RAW replaces it (the tests point it at a local copy, with a file:// URL).
+Then the versions that matter are printed, and if a download or `import grpo_ssr` fails the cell stops with one line
+that says why. The repository's address is written once in that cell (and once in the README); the environment
+variable GRPO_SSR_RAW replaces it (the tests point it at a local copy, with a file:// URL).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ STUDY_FILES = (f"{STUDY}/summary.json", *(f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.
                                           for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay",
                                                       "ssr_replace_stale")
                                           for lr in ("0.001", "0.0003") for seed in range(8)))
-COURSE_FILES = ("grpo_ssr.py", "notebooks/course_setup.py", "notebooks/checks.py", "notebooks/study/run_study.py",
-                "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES)
+COURSE_FILES = ("grpo_ssr.py", "notebooks/course/course_setup.py", "notebooks/course/checks.py",
+                "notebooks/study/run_study.py", "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES)
+# where the notebooks import from: grpo_ssr, checks and course_setup, run_study
+IMPORT_PATHS = (".", "notebooks/course", "notebooks/study")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
 REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),
                 "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8)),
@@ -48,17 +54,21 @@ def find_root(here: Path) -> Path | None:
 
 
 def fetch(base: str, dest: Path) -> list[str]:
-    """Download each course file that `dest` does not hold yet; return the ones downloaded."""
+    """Download each course file that `dest` does not hold yet; return the ones downloaded. A file (and its folder) is
+    written only once it has been read whole, so a failed download leaves no empty folder or partial file."""
     got = []
     for name in COURSE_FILES:
         target = dest / name
         if target.exists():
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            urllib.request.urlretrieve(f"{base.rstrip('/')}/{name}", target)
-        except OSError as e:
-            raise SetupError(f"could not download {name} from {base}: {e}") from None
+            with urllib.request.urlopen(f"{base.rstrip('/')}/{name}", timeout=60) as response:
+                data = response.read()
+        except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors; a malformed URL is a ValueError
+            raise SetupError(f"could not download {name} from {base} ({getattr(e, 'reason', e)}): check the network, "
+                             f"or clone the repository and open the notebooks there") from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
         got.append(name)
     return got
 
@@ -92,15 +102,15 @@ def setup(base: str, here: Path | None = None) -> Path:
         root = here
         got = fetch(base, root)
         if got:
-            print("fetched", ", ".join(got), "from", base)
+            print(f"fetched {len(got)} course files from {base}")  # grpo_ssr.py, the checks, the replay study
         missing = missing_requirements()
         if missing:
             print("installing", " ".join(missing))
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=False)
             importlib.invalidate_caches()
-    for path in (root / "notebooks", root):
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
+    for path in reversed(IMPORT_PATHS):
+        if str(root / path) not in sys.path:
+            sys.path.insert(0, str(root / path))
     try:
         import grpo_ssr  # noqa: F401
     except Exception as e:

@@ -1,9 +1,11 @@
 """The checks behind the notebooks' exercises: `check("02.2", your_answer)`.
 
-A check prints whether the answer is right; a wrong answer raises AssertionError with a hint; `None` (or a function
-that still returns None) means "not answered yet". Number answers are compared with stored references or hashes and
-functions are tested on hand-computed cases and properties, so no check cell shows the solution. The solutions live in
-notebooks/solutions/, and tests/test_exercises.py runs every check against them and against wrong answers.
+A check prints whether the answer is right. A wrong answer raises NotYet, which a notebook shows as one line, "exercise
+02.2: not yet: ..." with a hint, and no traceback; `None` (or a function that still returns None) means "not answered
+yet". Number answers are compared with stored references or hashes and functions are tested on hand-computed cases
+and properties, so no check cell shows the solution. This folder, notebooks/course/, is the course's machinery: the
+solutions live in solutions/ beside this file, course_setup.py makes the notebooks run anywhere, and
+tests/test_exercises.py runs every check against the solutions and against wrong answers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,32 @@ import torch
 import grpo_ssr
 
 
+class NotYet(AssertionError):
+    """A wrong answer, with a hint. IPython shows it as its one line (what `_render_traceback_` returns): a traceback
+    would only show the checks' own code. It is an AssertionError, so a script or pytest sees a failed check."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise NotYet(message)
+
+
+def _show(answer: Any) -> str:
+    """An answer on one short line: a tensor or array as a list, numbers to 6 significant digits."""
+    def rounded(x):
+        if isinstance(x, (torch.Tensor, np.ndarray)):
+            x = torch.as_tensor(x).detach().cpu().tolist()
+        if isinstance(x, (list, tuple)):
+            return type(x)(rounded(v) for v in x)
+        return float(f"{x:.6g}") if isinstance(x, float) else x
+
+    text = " ".join(str(rounded(answer)).split())
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _digest(value: Any) -> str:
     """A short hash of a JSON-able answer (integral floats count as ints)."""
     norm = json.loads(json.dumps(value), parse_float=lambda s: int(float(s)) if float(s).is_integer() else float(s))
@@ -28,11 +56,11 @@ def _digest(value: Any) -> str:
 def _close(answer, expected, tol: float, hint: str) -> None:
     got = torch.as_tensor(answer, dtype=torch.float64).flatten()
     want = torch.as_tensor(expected, dtype=torch.float64).flatten()
-    assert got.shape == want.shape and torch.allclose(got, want, atol=tol, rtol=0), f"not quite: {answer}. {hint}"
+    _require(got.shape == want.shape and torch.allclose(got, want, atol=tol, rtol=0), f"got {_show(answer)}. {hint}")
 
 
 def _same_hash(answer, digest: str, hint: str) -> None:
-    assert _digest(answer) == digest, f"not quite: {answer}. {hint}"
+    _require(_digest(answer) == digest, f"got {_show(answer)}. {hint}")
 
 
 def _tensor_fn(fn: Callable, *args) -> torch.Tensor | None:
@@ -71,7 +99,7 @@ def _02_2(fn):
     got = _tensor_fn(fn, r, 4)
     if got is None:
         return None
-    assert got.shape == (8,), f"expected one advantage per completion, shape (8,), got {tuple(got.shape)}"
+    _require(got.shape == (8,), f"expected one advantage per completion, shape (8,), got {tuple(got.shape)}")
     _close(got, [1, -1 / 3, -1 / 3, -1 / 3, 4 / 3, -4 / 3, 0, 0], 1e-5,
            "A_i = r_i - mean of the OTHER G - 1 rewards of its group; groups are contiguous blocks of G.")
     x = torch.randn(24, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -144,7 +172,7 @@ def _04_4(fn):
     got = fn([per_token_loss[p] for p in parts], [mask[p] for p in parts])
     if got is None:
         return None
-    assert len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}"
+    _require(len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}")
     want, _ = grpo_ssr.grpo_loss(logp, old, adv, mask, loss_type="dapo")  # the one big batch
     _close(sum(torch.as_tensor(x, dtype=torch.float64) for x in got), want.item(), 1e-6,
            "The micro-batch losses must add up to the big batch's: every token of the step weighs the same.")
@@ -162,7 +190,7 @@ def _05_1(fn):
     got = fn(np.array(arm), np.array(base), 10_000, 0)
     if got is None:
         return None
-    assert len(got) == 3, f"expected (mean, low, high), got {got}"
+    _require(len(got) == 3, f"expected (mean, low, high), got {_show(got)}")
     _close(got[0], 0.009, 1e-9, "The first number is the mean of the per-seed differences arm - baseline.")
     # the reference interval: 400,000 resamples; any 10,000 land within a small fraction of its width of it
     _close(got[1:], (0.004375, 0.0135), 0.0014,
@@ -198,9 +226,9 @@ def _07_2(fn):
         return None
     for text, want in STRICT_CASES:
         got = fn(text)
-        assert (got is None and want is None) or (got is not None and want is not None and float(got) == want), \
-            (f"not quite: strict_answer({text!r}) gave {got!r}, expected {want!r}. The whole completion must be one "
-             "number: only whitespace around it and one final period are allowed.")
+        _require((got is None and want is None) or (got is not None and want is not None and float(got) == want),
+                 f"strict_answer({text!r}) gave {got!r}, expected {want!r}. The whole completion must be one number: "
+                 "only whitespace around it and one final period are allowed.")
     return True
 
 
@@ -237,8 +265,13 @@ CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.
 
 
 def check(exercise: str, answer) -> bool:
-    """Print whether `answer` solves `exercise`; raise AssertionError if it does not. False when not answered yet."""
-    if answer is None or (CHECKS[exercise](answer) is None and callable(answer)):  # a function that returns None
+    """Print whether `answer` solves `exercise`: True when it does, False when not answered yet; a wrong answer raises
+    NotYet, one line with a hint."""
+    try:
+        unanswered = answer is None or (CHECKS[exercise](answer) is None and callable(answer))  # a function: None
+    except NotYet as e:
+        raise NotYet(f"exercise {exercise}: not yet: {e}") from None
+    if unanswered:
         print(f"exercise {exercise}: not answered yet")
         return False
     print(f"exercise {exercise}: correct")
