@@ -629,8 +629,9 @@ class GRPOStep:
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
         # The behaviour policy's log-probs, the "old" ones of the ratio, kept with each sample for when it is replayed.
-        # Skipped when provably equal to the first training forward's (plain GRPO, each sample trained once).
-        batch["old_per_token_logps"] = None if self.on_policy else self._logps(self.logprobs, batch)
+        # None where every sample is provably trained in this step before any update: its first training forward
+        # then gives them (see `old_from_training`), and no separate forward is needed.
+        batch["old_per_token_logps"] = None if self.old_from_training else self._logps(self.logprobs, batch)
         batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
         self._record_generation(batch, rows, rewards, per_func, completions, advantages)  # tags, metrics, log
         return split_tensor_dict(batch)
@@ -700,10 +701,10 @@ class GRPOStep:
         step_tokens = sum(self.dist.reduce(tokens))  # dapo divides by the whole step's tokens, every rank's
         trained = []
         for i, samples in enumerate(micro_batches):
-            batch = combine_tensor_dict(repad(samples, self.tokenizer.pad_token_id))
+            batch, first = stack(samples, self.tokenizer.pad_token_id)  # first: rows trained for the first time
             with self._gradient_sync(last=i == len(micro_batches) - 1):  # under torchrun, sync once per step
                 logps = self._logps(self.policy, batch)  # (B, C)
-                old = batch["old_per_token_logps"] if batch["old_per_token_logps"] is not None else logps.detach()
+                old = old_logps(samples, batch, logps, first)
                 loss, stats = grpo_loss(logps, old, batch["advantages"], batch["completion_mask"],
                                         ref_per_token_logps=batch["ref_per_token_logps"],
                                         num_micro_batches=len(micro_batches), num_items_in_batch=step_tokens,
@@ -747,6 +748,34 @@ class GRPOStep:
             if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
+
+
+def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
+    """Repad and stack a micro-batch. Also returns the rows without stored old log-probs (samples generated in this
+    step and trained here first), which hold zeros until `old_logps` fills them from the training forward."""
+    padded = repad(samples, pad_id)
+    first = [i for i, s in enumerate(padded) if s["old_per_token_logps"] is None]
+    stored = next((s["old_per_token_logps"] for s in padded if s["old_per_token_logps"] is not None), None)
+    for i in first if stored is not None else ():  # a mixed micro-batch stacks only with a placeholder
+        padded[i]["old_per_token_logps"] = torch.zeros_like(stored)
+    return combine_tensor_dict(padded), first
+
+
+def old_logps(samples: list[dict], batch: dict, logps: torch.Tensor, first: list[int]) -> torch.Tensor:
+    """The old log-probs of a micro-batch (B, C): the stored ones, and for the rows trained for the first time this
+    forward's own, detached (the weights have not changed since those samples were generated). Those are stored with
+    each sample, in its own padding, for its later steps and replays."""
+    if not first:
+        return batch["old_per_token_logps"]
+    current = logps.detach()
+    rows = torch.zeros(len(samples), 1, dtype=torch.bool, device=current.device)
+    rows[first] = True
+    old = current if batch["old_per_token_logps"] is None else torch.where(rows, current, batch["old_per_token_logps"])
+    for i in first:
+        mask = samples[i]["completion_mask"]
+        n = int(mask.sum())
+        samples[i]["old_per_token_logps"] = F.pad(current[i, :n], (0, mask.numel() - n))
+    return old
 
 
 def carries_signal(micro_batches: list[list[dict]]) -> bool:
@@ -1767,10 +1796,12 @@ class GRPOTrainer(GRPOStep):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        # A sample is provably on-policy (old log-probs == current ones) only with the uniform buffer of one
-        # generation batch, trained once, right after it was generated. Then the old-log-prob forward is skipped.
-        self.on_policy = type(self.buffer) is ReplayBuffer and cfg.num_iterations == 1
         self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
+        # Every sample a generation batch contributes trains in the step that generated it, before any update, with
+        # the uniform buffer (its first step draws the whole batch; dynamic sampling trains every kept group) and
+        # with SSR's fill at num_iterations 1 (every fresh non-zero sample trains; zero ones are never stored). Then
+        # the old log-probs are that first training forward's, and the separate forward at generation is skipped.
+        self.old_from_training = type(self.buffer) is ReplayBuffer or (self.fill and cfg.num_iterations == 1)
         self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
         self.step = 0  # optimizer steps done (skipped steps count too, so max_steps bounds the run)
         self.generations = 0  # generation batches made so far

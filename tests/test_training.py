@@ -171,12 +171,15 @@ def test_weighted_reward_functions(cfg_factory):
     assert all(float(s["advantages"]) == 0.0 for s in samples)
 
 
-def test_on_policy_uniform_path_skips_old_logps(cfg_factory):
-    trainer = g.GRPOTrainer(cfg_factory(replay_buffer_class="ReplayBuffer"))
-    assert trainer.on_policy
-    assert all(s["old_per_token_logps"] is None for s in trainer.generate_batch())
-    trainer = g.GRPOTrainer(cfg_factory(replay_buffer_class="ReplayBuffer", num_iterations=2))
-    assert not trainer.on_policy
+def test_old_logps_forward_is_skipped_only_where_every_sample_trains_in_its_own_step(cfg_factory):
+    for flags, skipped in ((dict(replay_buffer_class="ReplayBuffer"), True),
+                           (dict(replay_buffer_class="ReplayBuffer", num_iterations=2), True),
+                           (dict(), True),  # SSR fill, num_iterations 1
+                           (dict(num_iterations=2), False),  # fill: a zero slot may keep its own sample later
+                           (dict(ssr_mode="replace"), False)):
+        trainer = g.GRPOTrainer(cfg_factory(**flags))
+        assert trainer.old_from_training is skipped, flags
+        assert all((s["old_per_token_logps"] is None) is skipped for s in trainer.generate_batch()), flags
 
 
 @pytest.mark.slow
