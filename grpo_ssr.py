@@ -722,12 +722,6 @@ class GRPOStep:
         return dict(epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta, loss_type=cfg.loss_type,
                     use_bias_correction_kl=cfg.use_bias_correction_kl, max_completion_length=cfg.max_completion_length)
 
-    @property
-    def loss_scale(self) -> int:
-        """dapo divides by all ranks' tokens, and DDP averages gradients over ranks: scale back up by the world size.
-        bnpo divides by this rank's own tokens and lets DDP average, as TRL does."""
-        return self.dist.world_size if self.cfg.loss_type == "dapo" else 1
-
     def _update(self, loss: float, grad_norm: torch.Tensor) -> bool:
         """AdamW's step, unless the loss or the gradient is not finite (then the update is skipped, and counted)."""
         finite = not self.dist.any(not math.isfinite(loss)) and torch.isfinite(grad_norm).item()  # synced: all agree
@@ -740,14 +734,6 @@ class GRPOStep:
         self.optimizer.zero_grad(set_to_none=True)
         self._advance_schedule(stepped=finite)
         return finite
-
-    def _advance_schedule(self, stepped: bool) -> None:
-        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
-        self.step += 1
-        with warnings.catch_warnings():
-            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
-            self.scheduler.step()
 
 
 def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
@@ -1921,6 +1907,20 @@ class GRPOTrainer(GRPOStep):
                 "learning_rate": self.scheduler.get_last_lr()[0], "skipped": 1, "skipped_empty": 1,
                 **self._trained_metrics([s for mb in micro_batches for s in mb], {"stale_tokens": 0}),
                 **self._buffer_metrics(), **self.counters, "step_time": time.perf_counter() - start}
+
+    @property
+    def loss_scale(self) -> int:
+        """dapo divides by all ranks' tokens, and DDP averages gradients over ranks: scale back up by the world size.
+        bnpo divides by this rank's own tokens and lets DDP average, as TRL does."""
+        return self.dist.world_size if self.cfg.loss_type == "dapo" else 1
+
+    def _advance_schedule(self, stepped: bool) -> None:
+        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
+        self.step += 1
+        with warnings.catch_warnings():
+            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            self.scheduler.step()
 
     def _gradient_sync(self, last: bool):
         """Under torchrun DDP syncs gradients in backward; only the step's last micro-batch needs to."""
