@@ -43,6 +43,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Optional
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # before transformers imports tqdm
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -428,7 +429,7 @@ def empty_steps(run: dict) -> int:
     return int(np.nansum(series(run["train"], "frac_zero_adv_trained") == 1))
 
 
-def replication_table(runs: list[dict], n_boot: int) -> dict:
+def replication_table(runs: list[dict], n_boot: int, planned: Optional[set[int]] = None) -> dict:
     """The table the protocol (README, "The replication") fixes: per arm, the primary endpoint (greedy held-out
     accuracy AUC) paired with GRPO by seed, its exact sign-flip p-value raw and Holm-adjusted across the arms, the
     t-interval, seeds ahead, stuck seeds, and cost; the secondary endpoints; and the decision comparisons of the
@@ -443,9 +444,11 @@ def replication_table(runs: list[dict], n_boot: int) -> dict:
         return paired({s: measure(r, kind_, key_) for s, r in by_arm[arm].items()},
                       {s: measure(r, kind_, key_) for s, r in by_arm[other].items()}, n_boot)
 
+    planned = set(TASKS["replication"]["seeds"]) if planned is None else set(planned)  # an arm short of them: no test
     arms, table = list(by_arm), {}
     for arm in arms:
         own = by_arm[arm]
+        complete = set(own) == planned and set(by_arm.get(BASELINE, {})) == planned
         co = [cost(r) for r in own.values()]
         row = {"seeds": sorted(own), "primary": float(np.mean([measure(r, kind, key) for r in own.values()])),
                "stuck_seeds": sorted(s for s, r in own.items() if stuck(r)),
@@ -453,7 +456,11 @@ def replication_table(runs: list[dict], n_boot: int) -> dict:
                "completions_per_run": float(np.mean([c["completions"] for c in co])),
                "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
                "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co]))}
-        if arm != BASELINE and BASELINE in by_arm:
+        row["complete"] = complete
+        if arm != BASELINE and BASELINE in by_arm and not complete:  # protocol: reported, without a test
+            d = versus(arm, BASELINE)
+            row["vs_grpo_incomplete"] = {k: d[k] for k in ("mean", "ahead", "seeds")}
+        elif arm != BASELINE and BASELINE in by_arm:
             row["vs_grpo"] = versus(arm, BASELINE)
             row["vs_grpo_secondary"] = {
                 "sampled_auc": versus(arm, BASELINE, "eval", "auc"),
@@ -465,8 +472,8 @@ def replication_table(runs: list[dict], n_boot: int) -> dict:
         table[arm]["vs_grpo"]["p_holm"] = round(adjusted, 5)
     decision = {}
     ssr, baselines = DECISION
-    if ssr in by_arm:
-        decision = {f"{ssr}_vs_{b}": versus(ssr, b) for b in baselines if b in by_arm}
+    if ssr in by_arm and table[ssr]["complete"]:
+        decision = {f"{ssr}_vs_{b}": versus(ssr, b) for b in baselines if b in by_arm and table[b]["complete"]}
         for name, adjusted in holm({n: d["p_signflip"] for n, d in decision.items()}).items():
             decision[name]["p_holm"] = round(adjusted, 5)
     return {"endpoint": f"{kind} {key}", "family": sorted(family), "arms": table, "decision": decision}
@@ -476,9 +483,10 @@ def print_replication(rep: dict) -> None:
     print(f"replication: primary endpoint {rep['endpoint']}, paired with GRPO by seed (exact sign-flip p, Holm "
           f"across {len(rep['family'])} arms)")
     for arm, row in rep["arms"].items():
-        v = row.get("vs_grpo")
+        v, partial = row.get("vs_grpo"), row.get("vs_grpo_incomplete")
         vs = (f"{v['mean']:+.4f} t95 [{v['t95'][0]:+.4f}, {v['t95'][1]:+.4f}] p {v['p_signflip']:.4f} "
-              f"holm {v['p_holm']:.4f} ahead {v['ahead']}/{v['seeds']}") if v else "(baseline)"
+              f"holm {v['p_holm']:.4f} ahead {v['ahead']}/{v['seeds']}") if v else \
+            (f"{partial['mean']:+.4f} on {partial['seeds']} seed(s): incomplete, no test" if partial else "(baseline)")
         print(f"  {arm:16s} {row['primary']:.4f}  {vs:62s} stuck {len(row['stuck_seeds'])}/{len(row['seeds'])} "
               f"empty {row['empty_steps_per_run']:.1f}  completions {row['completions_per_run']:.0f}  "
               f"wall {row['wall_s_per_run']:.0f}s")
