@@ -14,13 +14,13 @@ from conftest import SMALL, cli, error_line
 # --- models -----------------------------------------------------------------------------------------------------------
 
 def test_real_loading_path_local_model_and_jsonl(tmp_path):
-    """--model DIR (save_pretrained) and --dataset FILE.jsonl with another prompt column and chat prompts."""
+    """--model DIR (save_pretrained) and --dataset FILE.jsonl with another prompt column, whose other columns reach
+    the reward function. (Chat prompts from a file: test_chat_prompts_use_the_chat_template.)"""
     torch.manual_seed(0)
     tok = g.build_tiny_tokenizer()
     g.build_tiny_model(len(tok)).save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     rows = [{"question": f"Summarise post {i}: the cat sat.", "label": i} for i in range(4)]
-    rows += [{"question": [{"role": "user", "content": f"Say hi {i}"}], "label": 9} for i in range(0)]
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     seen = {}

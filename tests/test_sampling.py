@@ -167,11 +167,14 @@ def test_sample_next_token_follows_softmax_over_temperature():
 
 def test_sample_next_token_is_seeded_and_thread_invariant():
     logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(1))
-    runs = []
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        torch.manual_seed(5)
-        runs.append(torch.stack([g.sample_next_token(logits, 1.0) for _ in range(50)]))
+    runs, before = [], torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            torch.manual_seed(5)
+            runs.append(torch.stack([g.sample_next_token(logits, 1.0) for _ in range(50)]))
+    finally:
+        torch.set_num_threads(before)  # the tests after this one keep the thread count they were given
     assert torch.equal(runs[0], runs[1])
 
 
