@@ -1,9 +1,13 @@
-"""repad, split/combine and both replay buffers, by hand and statistically (fixed seeds)."""
+"""Replay buffers and repad (Part I, 6): split and combine, repad, the uniform and the SSR buffer by hand and
+statistically (fixed seeds), the age decay and the age limit, state dicts, and make_buffer."""
 import numpy as np
 import pytest
 import torch
 
 import grpo_ssr as g
+
+
+# --- split, combine and repad -----------------------------------------------------------------------------------------
 
 PAD = 0
 
@@ -13,6 +17,17 @@ def _sample(prompt, p_mask, comp, c_mask, old=None, ref=None, adv=1.0):
     return {"prompt_ids": t(prompt), "prompt_mask": t(p_mask), "completion_ids": t(comp),
             "completion_mask": t(c_mask), "old_per_token_logps": None if old is None else t(old, torch.float),
             "ref_per_token_logps": None if ref is None else t(ref, torch.float), "advantages": t(adv, torch.float)}
+
+
+def test_split_then_combine_round_trip():
+    batch = {"prompt_ids": torch.arange(6).view(3, 2), "advantages": torch.tensor([1.0, 2.0, 3.0]),
+             "old_per_token_logps": None, "uid": [10, 11, 12]}
+    samples = g.split_tensor_dict(batch)
+    assert len(samples) == 3 and samples[1]["prompt_ids"].tolist() == [2, 3] and samples[2]["uid"] == 12
+    assert samples[0]["old_per_token_logps"] is None
+    back = g.combine_tensor_dict(samples)
+    assert torch.equal(back["prompt_ids"], batch["prompt_ids"]) and back["uid"] == [10, 11, 12]
+    assert back["old_per_token_logps"] is None
 
 
 def test_repad_trims_and_pads_hand_example():
@@ -48,16 +63,7 @@ def test_repad_already_tight_is_identity():
             assert torch.equal(before[k], after[k]), k
 
 
-def test_split_then_combine_round_trip():
-    batch = {"prompt_ids": torch.arange(6).view(3, 2), "advantages": torch.tensor([1.0, 2.0, 3.0]),
-             "old_per_token_logps": None, "uid": [10, 11, 12]}
-    samples = g.split_tensor_dict(batch)
-    assert len(samples) == 3 and samples[1]["prompt_ids"].tolist() == [2, 3] and samples[2]["uid"] == 12
-    assert samples[0]["old_per_token_logps"] is None
-    back = g.combine_tensor_dict(samples)
-    assert torch.equal(back["prompt_ids"], batch["prompt_ids"]) and back["uid"] == [10, 11, 12]
-    assert back["old_per_token_logps"] is None
-
+# --- the uniform buffer and the SSR buffer ----------------------------------------------------------------------------
 
 def _items(advs):
     return [{"uid": i, "advantages": torch.tensor(float(a))} for i, a in enumerate(advs)]
@@ -152,10 +158,14 @@ def test_buffer_state_dict_round_trip():
     assert copy.rejected == 1 and len(copy) == 4
 
 
-# --- ages: the decayed priority and the age limit (arXiv 2604.16918 and 2606.04560) ---------------------------------
+# --- ages: the decayed priority and the age limit (arXiv 2604.16918 and 2606.04560) -----------------------------------
 
 CHI2_CRIT_3DOF = 16.27  # p = 0.001, 3 degrees of freedom
+
+
 AGED_ADVS = [1.0, -2.0, 0.5, 3.0, -1.0, 2.0, 1.5, -0.5]
+
+
 AGED_STEPS = [0, 0, 1, 1, 2, 2, 3, 3]
 
 
@@ -234,3 +244,12 @@ def test_aged_buffer_state_dict_round_trip():
     assert copy.now == 3 and len(copy) == len(buf) == 6
     assert torch.equal(copy.probabilities(), buf.probabilities())
     assert [s["uid"] for s in buf.sample(50)] == [s["uid"] for s in copy.sample(50)]
+
+
+# --- make_buffer ------------------------------------------------------------------------------------------------------
+
+def test_short_aliases_select_the_same_buffers(cfg_factory):
+    assert type(g.make_buffer(cfg_factory(replay_buffer_class="ssr"))) is g.SSRReplayBuffer
+    assert type(g.make_buffer(cfg_factory(replay_buffer_class="uniform"))) is g.ReplayBuffer
+    cfg = cfg_factory()
+    assert g.make_buffer(cfg).capacity == cfg.generation_batch_size * cfg.ssr_capacity_scalar

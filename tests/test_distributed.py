@@ -1,5 +1,4 @@
 """torchrun with 2 CPU processes (gloo): the CLI runs, ranks stay in step, N ranks equal one big batch, resume works."""
-import json
 import os
 import subprocess
 import sys
@@ -7,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, training_rows
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -20,11 +19,6 @@ def torchrun(*args, nproc=2, timeout=300):
     return proc
 
 
-def rows(path):
-    """The training lines of a run (evaluation lines, which carry eval_reward, are left out)."""
-    return [r for r in map(json.loads, open(path / "metrics.jsonl")) if "eval_reward" not in r]
-
-
 CLI = ["--max_steps", "4", "--device", "cpu", "--per_device_train_batch_size", "8", "--num_generations", "4",
        "--max_completion_length", "8", "--save_steps", "2"]
 
@@ -32,7 +26,7 @@ CLI = ["--max_steps", "4", "--device", "cpu", "--per_device_train_batch_size", "
 def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(tmp_path):
     out = tmp_path / "run"
     torchrun(ROOT / "grpo_ssr.py", *CLI, "--output_dir", out)
-    full = rows(out)
+    full = training_rows(out)
     assert [r["step"] for r in full] == [1, 2, 3, 4]  # one line per step, written by rank 0 alone
     assert all(r["completions"] == 16 for r in full)  # 8 completions from each of the 2 ranks
     ckpt = out / "checkpoint-2"
@@ -42,7 +36,7 @@ def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(tmp_path):
     assert own[0]["rng"]["torch"].tolist() != own[1]["rng"]["torch"].tolist()  # sampling seeds differ per rank
 
     torchrun(ROOT / "grpo_ssr.py", *CLI, "--output_dir", out, "--resume_from_checkpoint", ckpt)
-    resumed = rows(out)
+    resumed = training_rows(out)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for a, b in zip(full[2:], resumed[2:]):
         assert a["reward"] == b["reward"] and a["loss"] == b["loss"], (a, b)

@@ -1,0 +1,510 @@
+"""Running it for real (Part II): the config checked up front with one-line errors, device and seeds, the Python API,
+main() end to end (what a run writes and prints), SIGTERM, checkpoints, the output folder (a run removes only what a
+run writes), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import grpo_ssr as g
+from conftest import ROOT, SMALL, cli, error_line, training_rows
+
+
+# --- the config, checked up front: every mistake a one-line error -----------------------------------------------------
+
+# (flags, the option the message must name)
+BAD_CONFIGS = [
+    (["--max_steps", "0"], "--max_steps"),
+    (["--per_device_train_batch_size", "-1"], "--per_device_train_batch_size"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps"),
+    (["--num_iterations", "0"], "--num_iterations"),
+    (["--max_completion_length", "0"], "--max_completion_length"),
+    (["--max_prompt_length", "0"], "--max_prompt_length"),
+    (["--logging_steps", "0"], "--logging_steps"),
+    (["--save_steps", "-1"], "--save_steps"),
+    (["--save_total_limit", "0"], "--save_total_limit"),
+    (["--num_generations", "1"], "--num_generations"),
+    (["--num_generations", "3"], "--num_generations"),  # 16 completions are not whole groups of 3
+    (["--temperature", "0"], "--temperature"),
+    (["--epsilon", "-0.1"], "--epsilon"),
+    (["--epsilon_high", "-1"], "--epsilon_high"),
+    (["--beta", "-1"], "--beta"),
+    (["--learning_rate", "0"], "--learning_rate"),
+    (["--max_grad_norm", "0"], "--max_grad_norm"),
+    (["--ssr_alpha", "-1"], "--ssr_alpha"),
+    (["--ssr_capacity_scalar", "0"], "--ssr_capacity_scalar"),
+    (["--ssr_mode", "append"], "--ssr_mode"),
+    (["--ssr_max_age", "-1"], "--ssr_max_age"),
+    (["--ssr_age_decay", "-2"], "--ssr_age_decay"),
+    (["--loss_type", "ppo"], "--loss_type"),
+    (["--replay_buffer_class", "PrioritizedBuffer"], "--replay_buffer_class"),
+    (["--device", "tpu"], "--device"),
+    (["--reward_funcs", "reward_nope"], "--reward_funcs"),
+    (["--reward_weights", "1,2"], "--reward_weights"),
+    (["--max_steps", "ten"], "--max_steps"),  # a type error from the parser: one line as well
+    (["--dataset", "missing.jsonl"], "--dataset"),
+    (["--resume_from_checkpoint", "last"], "--resume_from_checkpoint"),
+    (["--eval_steps", "-1"], "--eval_steps"),
+    (["--eval_num_generations", "0"], "--eval_num_generations"),
+    (["--eval_max_prompts", "-5"], "--eval_max_prompts"),
+    (["--dataset", "arithmetic:4"], "--dataset"),
+    (["--dataset", "arithmetic:one"], "--dataset"),
+]
+
+
+if not torch.cuda.is_available():
+    BAD_CONFIGS.append((["--device", "cuda"], "--device"))
+
+
+@pytest.fixture(scope="module")
+def bad_config_results(tmp_path_factory):
+    """Run every bad configuration through the CLI at once (each is its own process), two at a time."""
+    cwd = tmp_path_factory.mktemp("cli")
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        runs = list(pool.map(lambda case: cli(case[0] + ["--output_dir", str(cwd / "out")], cwd), BAD_CONFIGS))
+    return dict(zip(range(len(BAD_CONFIGS)), runs)), cwd
+
+
+@pytest.mark.parametrize("i", range(len(BAD_CONFIGS)), ids=[" ".join(c[0]) for c in BAD_CONFIGS])
+def test_bad_option_exits_2_with_one_line_naming_it(bad_config_results, i):
+    results, cwd = bad_config_results
+    proc, (flags, option) = results[i], BAD_CONFIGS[i]
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and option in lines[0], proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (cwd / "out" / "metrics.jsonl").exists()  # refused before any work
+
+
+# --- device and seeds -------------------------------------------------------------------------------------------------
+
+def test_cpu_has_bf16_reads_torchs_own_probes(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert g.cpu_has_bf16() is False
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert g.cpu_has_bf16() is True
+
+
+def test_bf16_flag_autocasts_on_cpu(cfg_factory, monkeypatch):
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: True)  # the mechanics, on any CPU (emulated bf16 is only slow)
+    device, autocast = g.pick_device("cpu", bf16=True)
+    with autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    _, plain = g.pick_device("cpu")
+    with plain():
+        assert not torch.is_autocast_enabled("cpu")
+    trainer = g.GRPOTrainer(cfg_factory(bf16=True, max_steps=1))
+    m = trainer.train_step()
+    assert m["skipped"] == 0 and m["grad_norm"] > 0
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_stays_float32(monkeypatch):
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: False)
+    with pytest.warns(UserWarning, match=r"--bf16: this CPU has no bf16 instructions \(AVX512-BF16 or AMX\)"):
+        device, autocast = g.pick_device("cpu", bf16=True)
+    with autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    assert device.type == "cpu"
+
+
+def test_same_seed_same_metrics_bit_for_bit(cfg_factory, tmp_path):
+    a = g.run(cfg_factory(output_dir=str(tmp_path / "a"), max_steps=3))
+    b = g.run(cfg_factory(output_dir=str(tmp_path / "b"), max_steps=3))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "step_time"} for r in rows]
+    assert strip(a) == strip(b)
+    c = g.run(cfg_factory(output_dir=str(tmp_path / "c"), max_steps=3, seed=1))
+    assert strip(a) != strip(c)
+
+
+# --- the Python API, as a TRL user calls it ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_python_api_as_a_trl_user_calls_it(tmp_path):
+    from datasets import Dataset
+
+    data = Dataset.from_list([{"question": f"Summarise post {i}:", "label": float(i)} for i in range(4)])
+
+    def by_label(completions, label, **kw):
+        return label
+
+    def length(completions, **kw):
+        return [float(len(c)) for c in completions]
+
+    cfg = g.GRPOConfig(output_dir=str(tmp_path / "api"), prompt_column="question", reward_weights=[1.0, 0.5],
+                       max_steps=1, per_device_train_batch_size=8, num_generations=4, max_completion_length=8)
+    model, tok = g.load_model("tiny")
+    with pytest.raises(g.ConfigError, match="model= and tokenizer= together"):
+        g.GRPOTrainer(cfg, model=model, reward_funcs=[by_label, length], dataset=data)
+    trainer = g.GRPOTrainer(cfg, model=model, tokenizer=tok, reward_funcs=[by_label, length], dataset=data)
+    assert trainer.dataset[0]["prompt"] == "Summarise post 0:"
+    trainer.generate_batch()
+    m = trainer.last_gen_metrics
+    assert m["reward"] == pytest.approx(m["rewards/by_label"] + 0.5 * m["rewards/length"], rel=1e-5)
+    trainer.train()
+    saved = json.loads((tmp_path / "api" / "grpo_config.json").read_text())
+    assert saved["reward_funcs"] == "passed from Python: by_label,length"
+    assert saved["model"] == "passed from Python: Qwen2ForCausalLM"
+    assert saved["dataset"] == "passed from Python: 4 rows" and saved["reward_weights"] == [1.0, 0.5]
+    with pytest.raises(g.ConfigError, match="prompt is empty"):
+        g.GRPOTrainer(g.dataclasses.replace(cfg, output_dir=str(tmp_path / "x")), dataset=[{"question": ""}],
+                      reward_funcs=[by_label, length])
+
+
+# --- a run: main() end to end, what it writes and what it prints ------------------------------------------------------
+
+def test_main_trains_and_writes_everything(tmp_path, capsys):
+    out = tmp_path / "run"
+    torch.manual_seed(0)
+    before, _ = g.load_model("tiny")  # main seeds 0 too, so this is the same initial model
+    rc = g.main(["--output_dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", "8",
+                 "--num_generations", "4", "--max_completion_length", "16", "--device", "cpu"])
+    assert rc == 0
+    rows = training_rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "loss", "completion_length", "clip_ratio",
+                "buffer_size", "step_time", "replay_frac", "sample_age", "adv_abs_trained", "adv_abs_fresh",
+                "zero_adv_rejected", "buffer_ess", "frac_zero_adv_trained", "unique_sample_frac", "sample_age_max"):
+        assert key in rows[0], key
+    assert "kl" not in rows[0]  # beta = 0
+    saved = json.loads((out / "grpo_config.json").read_text())
+    assert saved["max_steps"] == 3 and saved["replay_buffer_class"] == "SSRReplayBuffer"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    after = AutoModelForCausalLM.from_pretrained(out)
+    assert AutoTokenizer.from_pretrained(out).pad_token == "<|pad|>"
+    changed = [not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values())]
+    assert all(changed), "every parameter tensor should move after three AdamW steps"
+    # completions are off by default, and the end says where things are
+    assert not (out / "completions.jsonl").exists()
+    printed = capsys.readouterr().out
+    assert f"model and tokenizer: {out}/" in printed and f"metrics: {out / 'metrics.jsonl'}" in printed
+    assert f"picture: {out / 'metrics.png'}" in printed and (out / "metrics.png").is_file()
+    (out / "metrics.png").unlink()  # no picture (matplotlib missing): the end does not point at one
+    g.print_outputs(out)
+    assert "picture" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_default_run_learns(tmp_path):
+    """`python grpo_ssr.py` with no flags but the output folder: the reward climbs by at least 10."""
+    out = tmp_path / "default"
+    proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), "--output_dir", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rewards = [r["reward"] for r in training_rows(out)]
+    assert len(rewards) == g.GRPOConfig().max_steps
+    first, last = np.mean(rewards[:10]), np.mean(rewards[-10:])
+    assert last - first >= 10, (first, last)
+
+
+@pytest.mark.slow
+def test_log_completions_writes_the_batch_and_prints_a_few(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert g.main(["--output_dir", str(out), "--log_completions", "--num_completions_to_print", "3",
+                   "--logging_steps", "2", *SMALL[2:], "--max_steps", "4"]) == 0
+    printed = capsys.readouterr().out
+    logged = [json.loads(line) for line in open(out / "completions.jsonl")]
+    metrics = training_rows(out)
+    assert [r["step"] for r in logged] == [2] * 8 + [4] * 8  # every logging step, the whole batch
+    for step in (2, 4):
+        batch = [r for r in logged if r["step"] == step]
+        assert all(r["reward"] == g.reward_len([r["completion"]])[0] == r["rewards/reward_len"] for r in batch)
+        assert sum(r["reward"] for r in batch) / 8 == pytest.approx(metrics[step - 1]["reward"], rel=1e-6)
+        for group in range(2):
+            assert sum(r["advantage"] for r in batch[4 * group:4 * group + 4]) == pytest.approx(0, abs=1e-4)
+        assert len(set(r["prompt"] for r in batch[:4])) == 1
+    assert len(re.findall(r"^  step \d+  reward", printed, flags=re.M)) == 6
+    assert f"metrics: {out / 'metrics.jsonl'}" in printed and f"completions: {out / 'completions.jsonl'}" in printed
+    assert f"model and tokenizer: {out}/" in printed
+
+
+def _refuse(line):
+    raise ValueError(f"not strict JSON: {line}")
+
+
+def test_metrics_are_strict_json(cfg_factory):
+    def unscored(completions, **kw):
+        return [None] * len(completions)
+
+    cfg = cfg_factory(max_steps=2)
+    g.run(cfg, reward_funcs=[unscored, g.reward_len])
+    lines = open(g.Path(cfg.output_dir) / "metrics.jsonl").read().splitlines()
+    rows = [json.loads(line, parse_constant=_refuse) for line in lines]  # every line, evaluation lines too
+    rows = [r for r in rows if "eval_reward" not in r]
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["rewards/unscored"] is None
+
+
+def test_plot_is_skipped_with_a_note_without_matplotlib(cfg_factory, monkeypatch, capsys):
+    cfg = cfg_factory(max_steps=1, eval_steps=0)
+    for name in [m for m in g.sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(g.sys.modules, name, None)  # importing any of matplotlib now raises ImportError,
+        # also when an earlier test had imported it (its submodules would otherwise still be found)
+    g.run(cfg)
+    assert not (g.Path(cfg.output_dir) / "metrics.png").exists()
+    assert "matplotlib is not installed" in capsys.readouterr().err
+
+
+# --- SIGTERM: the step finishes, a checkpoint is saved, the run resumes -----------------------------------------------
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    args = ["--max_steps", "100000", "--per_device_train_batch_size", "8", "--num_generations", "4",
+            "--max_completion_length", "8", "--output_dir", str(out)]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "grpo_ssr.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - t0 < 30
+    assert proc.returncode == 0, err[-2000:]
+    rows = training_rows(out)  # every line parses: nothing torn
+    last = rows[-1]["step"]
+    assert [r["step"] for r in rows] == list(range(1, last + 1))
+    assert (out / f"checkpoint-{last}" / "trainer_state.pt").is_file()
+    assert "resume with --resume_from_checkpoint" in err
+    resumed = cli(["--max_steps", str(last + 2), *args[2:], "--resume_from_checkpoint", "last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [r["step"] for r in training_rows(out)] == list(range(1, last + 3))
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------------------
+
+def test_checkpoint_is_atomic_and_complete(cfg_factory):
+    cfg = cfg_factory(max_steps=2, save_steps=1)
+    g.run(cfg)
+    out = g.Path(cfg.output_dir)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert not list(out.glob(".tmp-*"))
+    files = {p.name for p in (out / "checkpoint-2").iterdir()}
+    assert {"trainer_state.pt", "config.json", "model.safetensors", "tokenizer.json", "grpo_config.json"} <= files
+    assert {"trainer_state.pt", "rank-0.pt"} <= files
+    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
+    own = torch.load(out / "checkpoint-2" / "rank-0.pt", weights_only=False)
+    assert {"optimizer", "scheduler", "step", "world_size"} <= set(state)
+    assert {"buffer", "rng", "prompt_sampler"} <= set(own)
+    assert {"python", "numpy", "torch", "cuda"} <= set(own["rng"]) and "generator" in own["buffer"]
+
+
+@pytest.mark.slow
+def test_save_total_limit_keeps_the_newest_checkpoints(cfg_factory):
+    cfg = cfg_factory(max_steps=4, save_steps=1, save_total_limit=2)
+    g.run(cfg)
+    out = g.Path(cfg.output_dir)
+    assert [p.name for p in g.checkpoints(out)] == ["checkpoint-3", "checkpoint-4"]
+    assert g.find_last_checkpoint(out).name == "checkpoint-4"
+
+
+@pytest.mark.parametrize("buffer", ["SSRReplayBuffer", "ReplayBuffer"])
+def test_checkpoint_loads_with_a_non_cpu_map_location(cfg_factory, monkeypatch, buffer):
+    """As on CUDA: every tensor torch.load would place on the trainer's device goes to `meta` instead. The
+    generator state and the priorities must still be read onto the CPU, and training must go on."""
+    cfg = cfg_factory(replay_buffer_class=buffer, max_steps=2, save_steps=2)
+    g.run(cfg)
+    ckpt = str(g.Path(cfg.output_dir) / "checkpoint-2")
+    trainer = g.GRPOTrainer(g.dataclasses.replace(cfg, max_steps=4, resume_from_checkpoint=ckpt))
+    real_load = torch.load
+
+    def load_as_if_on_gpu(f, *a, map_location=None, **kw):
+        if map_location != "cpu":  # the trainer's device: pretend it is not the CPU
+            map_location = "meta"
+        return real_load(f, *a, map_location=map_location, **kw)
+
+    monkeypatch.setattr(torch, "load", load_as_if_on_gpu)
+    trainer.load_checkpoint(g.Path(cfg.output_dir) / "checkpoint-2")
+    monkeypatch.setattr(torch, "load", real_load)
+    assert trainer.buffer.generator.get_state().device.type == "cpu"
+    if buffer == "SSRReplayBuffer":
+        assert trainer.buffer.priorities.device.type == "cpu"
+    assert all(v.device.type == "cpu" for s in trainer.buffer.slots if s is not None
+               for v in s.values() if isinstance(v, torch.Tensor))
+    m = trainer.train_step()
+    assert m["step"] == 3 and math.isfinite(m["loss"])
+
+
+# --- the output folder: a run removes only what a run writes ----------------------------------------------------------
+
+def _files_save_pretrained_writes(tmp_path) -> set:
+    model, tok = g.load_model("tiny")
+    folder = tmp_path / "plain_save"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return {p.name for p in folder.iterdir()}
+
+
+@pytest.mark.slow
+def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
+    out = tmp_path / "here"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    data = out / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}:"}) + "\n" for i in range(4)))
+    args = ["--output_dir", str(out), "--dataset", str(data), *SMALL]
+    assert g.main(args + ["--save_steps", "1"]) == 0
+    written = set(json.loads((out / "model_files.json").read_text()))
+    assert written == _files_save_pretrained_writes(tmp_path)  # the list is what save_pretrained really wrote
+    assert written <= {p.name for p in out.iterdir()}
+    capsys.readouterr()
+    assert g.main(args) == 2
+    line = error_line(capsys)
+    assert "already holds a run" in line and "--output_dir" in line
+    assert g.main(args + ["--overwrite_output_dir", "--max_steps", "1"]) == 0
+    assert (out / "notes.txt").read_text() == "my notes" and data.is_file()
+    assert [r["step"] for r in training_rows(out)] == [1]  # the old run's lines are gone, not appended to
+    assert not list(out.glob("checkpoint-*"))  # the old run's checkpoints went with it
+    assert {p.name for p in out.iterdir()} == {"notes.txt", "prompts.jsonl", "metrics.jsonl", "grpo_config.json",
+                                               "metrics.png", "model_files.json", *written}
+
+
+def test_overwrite_refuses_to_remove_the_data_set_it_reads(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoint-1").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    data = out / "checkpoint-1" / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "Say hi:"}) + "\n")
+    assert g.main(["--output_dir", str(out), "--dataset", str(data), "--overwrite_output_dir", *SMALL]) == 2
+    line = error_line(capsys)
+    assert "--overwrite_output_dir" in line and "checkpoint-1" in line
+    assert data.is_file() and (out / "metrics.jsonl").is_file()  # nothing removed
+
+
+def test_train_twice_in_one_folder_is_refused(cfg_factory):
+    cfg = cfg_factory(max_steps=2)
+    g.GRPOTrainer(cfg).train()
+    with pytest.raises(g.ConfigError, match="already holds a run"):
+        g.GRPOTrainer(cfg).train()
+    assert [r["step"] for r in training_rows(g.Path(cfg.output_dir))] == [1, 2]
+
+
+# --- resume: a checkpoint knows its run -------------------------------------------------------------------------------
+
+def _same(a, b, keys=("reward", "loss", "buffer_size", "clip_ratio", "completion_length")):
+    return all(a[k] == b[k] for k in keys)
+
+
+@pytest.mark.parametrize("buffer", ["SSRReplayBuffer", "ReplayBuffer", "fill"])
+def test_resume_reproduces_the_uninterrupted_run(cfg_factory, buffer):
+    n = 3
+    # "fill": SSR in fill mode with an age limit; its fresh batch spans the checkpoint (num_iterations 2)
+    extra = dict(replay_buffer_class="SSRReplayBuffer", ssr_mode="fill", ssr_max_age=2) if buffer == "fill" \
+        else dict(replay_buffer_class=buffer)
+    cfg = cfg_factory(**extra, max_steps=2 * n, save_steps=n, num_iterations=2)
+    g.run(cfg)
+    out = g.Path(cfg.output_dir)
+    full = training_rows(out)
+    ckpt = out / f"checkpoint-{n}"
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    own = torch.load(ckpt / "rank-0.pt", weights_only=False)
+    assert own["buffer"]["size"] > 0 and state["step"] == n  # the buffer's contents are in the checkpoint
+    resumed = g.run(g.dataclasses.replace(cfg, resume_from_checkpoint=str(ckpt)))
+    assert [r["step"] for r in resumed] == list(range(n + 1, 2 * n + 1))
+    for a, b in zip(full[n:], resumed):
+        assert _same(a, b), (a, b)
+    assert [r["step"] for r in training_rows(out)] == list(range(1, 2 * n + 1))  # no step lost or repeated
+
+
+@pytest.mark.slow
+def test_resume_alone_continues_that_run(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "mine"
+    settings = ["--output_dir", str(out), "--max_steps", "4", "--save_steps", "2", "--per_device_train_batch_size",
+                "8", "--num_generations", "4", "--max_completion_length", "8", "--learning_rate", "0.003",
+                "--seed", "5", "--replay_buffer_class", "uniform", "--device", "cpu"]
+    assert g.main(settings) == 0
+    full = training_rows(out)
+    monkeypatch.chdir(tmp_path)  # so that a resume which forgot its folder would write to ./runs/grpo_ssr
+    assert g.main(["--resume_from_checkpoint", str(out / "checkpoint-2")]) == 0
+    resumed = training_rows(out)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(full, resumed):
+        assert a["reward"] == b["reward"] and a["loss"] == b["loss"] and a["learning_rate"] == b["learning_rate"]
+    assert not (tmp_path / "runs").exists()
+    # extending: allowed, with a note that the schedule changes
+    capsys.readouterr()
+    assert g.main(["--resume_from_checkpoint", "last", "--output_dir", str(out), "--max_steps", "6"]) == 0
+    assert "note: --max_steps 6 differs from the checkpoint's 4" in capsys.readouterr().err
+    assert [r["step"] for r in training_rows(out)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((out / "grpo_config.json").read_text())["learning_rate"] == 0.003
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert g.main(["--output_dir", str(out), "--save_steps", "1", "--learning_rate", "0.002", *SMALL]) == 0
+    return out
+
+
+@pytest.mark.parametrize("flag,value,theirs", [("--learning_rate", "0.5", "0.002"), ("--beta", "0.1", "0.0"),
+                                               ("--replay_buffer_class", "ReplayBuffer", "'SSRReplayBuffer'"),
+                                               ("--num_generations", "8", "4")])
+def test_resume_refuses_a_conflicting_flag(finished_run, capsys, flag, value, theirs):
+    before = (finished_run / "metrics.jsonl").read_text()
+    assert g.main(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"), flag, value]) == 2
+    line = error_line(capsys)
+    assert flag in line and f"checkpoint's {theirs}" in line
+    assert (finished_run / "metrics.jsonl").read_text() == before
+
+
+def test_resume_accepts_a_flag_equal_to_the_checkpoints(finished_run):
+    cfg = g.parse_args(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"), "--learning_rate", "0.002",
+                        "--save_steps", "5"])
+    assert cfg.learning_rate == 0.002 and cfg.save_steps == 5 and cfg.max_steps == 2
+    assert g.Path(cfg.output_dir).resolve() == finished_run.resolve()
+
+
+def test_resume_into_another_runs_folder_is_refused(finished_run, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert g.main(["--output_dir", str(other), *SMALL]) == 0
+    before = (other / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert g.main(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"), "--output_dir", str(other)]) == 2
+    line = error_line(capsys)
+    assert str(other) in line and str(finished_run.resolve()) in line
+    assert (other / "metrics.jsonl").read_text() == before
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------------------
+
+def test_unknown_flag_is_one_line_with_the_closest_name(capsys):
+    with pytest.raises(SystemExit) as e:
+        g.main(["--num_generatons", "4"])
+    assert e.value.code == 2
+    line = error_line(capsys)
+    assert "--num_generatons" in line and "did you mean --num_generations?" in line
+
+
+def test_help_lists_every_flag():
+    out = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0
+    for f in g.dataclasses.fields(g.GRPOConfig):
+        assert f"--{f.name}" in out.stdout, f.name
+    assert "Completions per micro-batch" in out.stdout
+
+
+def test_docstring_help_and_readme_tell_one_story():
+    help_text = " ".join(g._parser().format_help().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    doc = " ".join(g.__doc__.split())
+    phrase = "under a minute on a 2-core CPU"
+    assert phrase in doc and phrase in help_text and phrase in readme
+    assert "half a minute" not in doc and "2 CPU minutes" not in help_text
+    assert "TRL's default is 512" in help_text and "max_completion_length 512" in readme
+    actions = {s: a for a in g._parser()._actions for s in a.option_strings}
+    assert actions["--scale_rewards"].help != actions["--no_scale_rewards"].help
+    assert "Dr. GRPO" in actions["--no_scale_rewards"].help
