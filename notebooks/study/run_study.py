@@ -495,6 +495,30 @@ def print_replication(rep: dict) -> None:
               f"p {d['p_signflip']:.4f} holm {d['p_holm']:.4f} ahead {d['ahead']}/{d['seeds']}")
 
 
+def replication_markdown(rep: dict) -> str:
+    """The protocol's table as Markdown, for the README: `run_study.py --task replication --analyse_only --markdown`."""
+    head = ("| arm | greedy held-out AUC | vs GRPO (t95) | p exact | p Holm | seeds ahead | stuck seeds | steps without "
+            "signal | completions | wall s | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = [head]
+    for arm, row in rep["arms"].items():
+        v, partial = row.get("vs_grpo"), row.get("vs_grpo_incomplete")
+        if v:
+            vs = (f"{v['mean']:+.3f} [{v['t95'][0]:+.3f}, {v['t95'][1]:+.3f}] | {v['p_signflip']:.3f} | "
+                  f"{v['p_holm']:.3f} | {v['ahead']}/{v['seeds']}")
+        elif partial:
+            vs = f"{partial['mean']:+.3f} ({partial['seeds']} seed(s), incomplete: no test) | - | - | {partial['ahead']}/{partial['seeds']}"
+        else:
+            vs = "(baseline) | | |"
+        rows.append(f"| `{arm}` | {row['primary']:.3f} | {vs} | {len(row['stuck_seeds'])}/{len(row['seeds'])} | "
+                    f"{row['empty_steps_per_run']:.1f} | {row['completions_per_run']:.0f} | {row['wall_s_per_run']:.0f} | "
+                    f"{row['cpu_s_per_run']:.0f} |")
+    rows.append("")
+    for name, d in rep["decision"].items():
+        rows.append(f"- `{name.replace('_vs_', '` against `')}`: {d['mean']:+.3f} [{d['t95'][0]:+.3f}, {d['t95'][1]:+.3f}], "
+                    f"exact p {d['p_signflip']:.3f}, Holm {d['p_holm']:.3f}, ahead on {d['ahead']} of {d['seeds']} seeds")
+    return "\n".join(rows)
+
+
 def estimate(runs: list[dict], arms: list[str], lrs: list[float], seeds: int, steps: int, jobs: int) -> float:
     """Minutes the given plan would take on `jobs` quiet cores. A run is one thread, so on a core of its own its wall
     time is its CPU time: each arm's CPU seconds per step here times `steps`, plus its start-up (CPU time not spent in
@@ -582,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out_dir", default=None, help="(task) notebooks/study/results/replay_study, "
                                                    "replay_study_arithmetic or replication")
     p.add_argument("--analyse_only", action="store_true", help="skip training; rebuild summary.json from raw/")
+    p.add_argument("--markdown", action="store_true", help="with --task replication, also print the protocol's "
+                   "table as Markdown (the README's)")
     p.add_argument("--fresh", action="store_true", help="delete raw/ first; by default the study resumes, running "
                    "only the runs that have no raw file yet")
     args = p.parse_args(argv)
@@ -635,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary)
     if "replication" in summary:
         print_replication(summary["replication"])
+        if args.markdown:
+            print(replication_markdown(summary["replication"]))
     if "estimate_full_default_min" in summary:
         print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default {args.task} study "
               f"({len(full['arms'])} arms, learning rates {full['lrs']}, {full['seeds']} seeds, {full['steps']} steps, "
