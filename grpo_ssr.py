@@ -1082,8 +1082,9 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
 
 def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
     """--num_threads, else 1 for the tiny model built in code, else None (torch's own setting: a thread per core).
-    The tiny model's matrices are too small to share out: on a busy 2-core machine the default run took about 10 s
-    a step with two threads and 110 s in all with one (tests/benchmarks/bench_threads.py measures it)."""
+    The tiny model's matrices are too small to share out: on a 2-core machine that other work kept busy, the default
+    run took 0.18 s a step with one thread and 0.39-7.0 s with two, and beside one more CPU-bound process 0.39 s
+    against 7.1-11.5 s (tests/benchmarks/bench_threads.py, 2026-12-01; results/threads.json)."""
     if cfg.num_threads is not None:
         return cfg.num_threads
     return 1 if cfg.model == "tiny" and model is None else None
@@ -2673,18 +2674,19 @@ def replay_summary(rows: list[dict], cfg: GRPOConfig) -> str:
     """One line on what replay did over a run's training lines: the mean share of trained samples that were replayed
     (replay_frac) and that trained with advantage 0 (frac_zero_adv_trained), and of groups with no reward spread
     (frac_reward_zero_std). Where replay did almost nothing, it names a run where it matters (numbers measured with
-    that command, seed 0, 2026-12-02)."""
+    that command: seed 0, one thread, 2026-12-01)."""
     def mean(key: str) -> float:
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
         return sum(values) / len(values) if values else math.nan
 
     ssr = BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer"
     line = (f"replay ({'SSR, ' + cfg.ssr_mode if ssr else 'uniform buffer: plain GRPO'}) over {len(rows)} steps: "
-            f"{mean('replay_frac'):.0%} of trained samples replayed (replay_frac), {mean('frac_zero_adv_trained'):.0%} "
-            f"trained with advantage 0; {mean('frac_reward_zero_std'):.0%} of groups had no reward spread")
+            f"{mean('replay_frac'):.1%} of trained samples replayed (replay_frac), "
+            f"{mean('frac_zero_adv_trained'):.1%} trained with advantage 0; {mean('frac_reward_zero_std'):.1%} of "
+            "groups had no reward spread")
     if ssr and not mean("replay_frac") >= 0.05:
-        line += ("; it matters where groups lack spread: python grpo_ssr.py --reward_funcs reward_len_binary has 50% "
-                 "of groups without spread and replays 40%")
+        line += ("; it matters where groups lack spread: python grpo_ssr.py --reward_funcs reward_len_binary has "
+                 "49.6% of groups without spread and replays 40.0%")
     return line
 
 

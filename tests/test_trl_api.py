@@ -417,10 +417,10 @@ def test_the_end_of_a_run_says_what_replay_did(tmp_path, capsys, keep_threads):
     assert "replay_frac" in printed[0] and "no reward spread" in printed[0]
     cfg = g.GRPOConfig()
     idle = g.replay_summary([{"replay_frac": 0.0, "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.0}] * 4, cfg)
-    assert "over 4 steps: 0% of trained samples replayed" in idle
+    assert "over 4 steps: 0.0% of trained samples replayed" in idle
     assert "python grpo_ssr.py --reward_funcs reward_len_binary" in idle
     busy = g.replay_summary([{"replay_frac": 0.4, "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5}], cfg)
-    assert "40% of trained samples replayed" in busy and "50% of groups" in busy and "reward_len_binary" not in busy
+    assert "40.0% of trained samples replayed" in busy and "50.0% of groups" in busy and "reward_len_binary" not in busy
     plain = g.replay_summary([{"replay_frac": 0.0}], g.GRPOConfig(replay_buffer_class="ReplayBuffer"))
     assert plain.startswith("replay (uniform buffer: plain GRPO)") and "reward_len_binary" not in plain
 
