@@ -1,8 +1,9 @@
 """The course's set-up: what the first cell of every notebook runs, so that a notebook works wherever it is opened.
 
-notebooks/ holds the course itself (the numbered notebooks), notebooks/study/ the replay study that notebook 05 reads
-(run_study.py beside its results), and this folder, notebooks/course/, the machinery behind the exercises: this file,
-checks.py (the exercises' checks) and solutions/ (their solutions, which tests/test_exercises.py runs).
+notebooks/ holds the course itself (the numbered notebooks), notebooks/study/ the replay studies that notebooks 05
+and 05b read (run_study.py beside its results), and this folder, notebooks/course/, the machinery behind the
+exercises: this file, checks.py (the exercises' checks) and solutions/ (their solutions, which tests/test_exercises.py
+runs).
 
 - In the repository (the notebook's folder or its parent holds grpo_ssr.py) nothing is fetched or installed.
 - Anywhere else (Colab, a bare Jupyter kernel) the course files are downloaded from the repository into the current
@@ -31,8 +32,15 @@ STUDY_FILES = (f"{STUDY}/summary.json", *(f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.
                                           for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay",
                                                       "ssr_replace_stale")
                                           for lr in ("0.001", "0.0003") for seed in range(8)))
+# The replication that notebook 05b reads: every run's raw metrics (about 60 kB), the four priority arms on seeds 8-15
+# and the optional arms' one seed, named as run_study.py names them.
+REPLICATION = "notebooks/study/results/replication/raw"
+REPLICATION_FILES = (*(f"{REPLICATION}/{arm}-lr2e-05-seed{seed}.json.gz"
+                       for arm in ("grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay") for seed in range(8, 16)),
+                     *(f"{REPLICATION}/{arm}-lr2e-05-seed8.json.gz" for arm in ("filter", "ssr_replace", "ssr_fill")))
 COURSE_FILES = ("grpo_ssr.py", "notebooks/course/course_setup.py", "notebooks/course/checks.py",
-                "notebooks/study/run_study.py", "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES)
+                "notebooks/study/run_study.py", "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES,
+                *REPLICATION_FILES)
 # where the notebooks import from: grpo_ssr, checks and course_setup, run_study
 IMPORT_PATHS = (".", "notebooks/course", "notebooks/study")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
