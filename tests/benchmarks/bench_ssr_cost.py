@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             n = args.n or (20 if model == "tiny" else 3)
+            (Path(tmp) / model).mkdir()
             model_dir, data_path = (h.prepare_inputs(Path(tmp) / model)[:2] if model == "tiny"
                                     else h.prepare_real_inputs(Path(tmp) / model))
             runs = {arm: [] for arm in ARMS}
