@@ -2705,7 +2705,7 @@ def replay_summary(rows: list[dict], cfg: GRPOConfig) -> str:
     """One line on what replay did over a run's training lines: the mean share of trained samples that were replayed
     (replay_frac) and that trained with advantage 0 (frac_zero_adv_trained), and of groups with no reward spread
     (frac_reward_zero_std). Where replay did almost nothing, it names a run where it matters (numbers measured with
-    that command: seed 0, one thread, 2026-12-01)."""
+    that command: seed 0, one thread, 2026-12-01, after SSR took its old log-probs from the training forward)."""
     def mean(key: str) -> float:
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
         return sum(values) / len(values) if values else math.nan
@@ -2717,7 +2717,7 @@ def replay_summary(rows: list[dict], cfg: GRPOConfig) -> str:
             "groups had no reward spread")
     if ssr and not mean("replay_frac") >= 0.05:
         line += ("; it matters where groups lack spread: python grpo_ssr.py --reward_funcs reward_len_binary has "
-                 "49.6% of groups without spread and replays 40.0%")
+                 "49.6% of groups without spread and replays 40.1%")
     return line
 
 
