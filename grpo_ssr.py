@@ -1083,6 +1083,9 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and threads > 1 and (hint := busy_cpu_hint(threads, usable_cpus(), other_busy_tasks())):
+        warnings.warn(hint, stacklevel=2)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -1095,11 +1098,43 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
     return device, nullcontext
 
 
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def other_busy_tasks(readings: int = 9) -> Optional[int]:
+    """How many other tasks are running or waiting for a CPU right now: the median of `readings` reads of the
+    running count in /proc/loadavg, less this process (the one reading it). None where there is no /proc (not Linux).
+    The median ignores a torch thread that is still spinning after its last parallel region."""
+    counts = []
+    try:
+        for _ in range(readings):
+            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]))
+            time.sleep(0.005)
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, sorted(counts)[len(counts) // 2] - 1)
+
+
+def busy_cpu_hint(threads: int, cpus: int, others: Optional[int]) -> Optional[str]:
+    """A one-line warning when torch's `threads` cannot each have a core because `others` tasks hold some of the
+    `cpus`. Its threads then wait for each other at every operation: on a 2-core Intel Xeon the real-model quick
+    start took 2.2 s a step with 2 threads (bf16), 33 s beside one CPU-bound process, and 3.5 s there with 1 thread;
+    in float32 3.3, 29 and 5.3 s (tests/benchmarks/bench_threads.py --recipe real, 2026-12-01). A quiet machine
+    keeps torch's thread per core, a third faster than one thread. None when there is nothing to say."""
+    if others is None or threads <= 1 or others + threads <= cpus:
+        return None
+    free = max(1, cpus - others)
+    return (f"the CPU is busy: {others} other task(s) running on its {cpus} core(s), so torch's {threads} threads "
+            f"must share them, which can make each step many times slower; --num_threads {free} avoids that")
+
+
 def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
     """--num_threads, else 1 for the tiny model built in code, else None (torch's own setting: a thread per core).
-    The tiny model's matrices are too small to share out: on a 2-core machine that other work kept busy, the default
-    run took 0.18 s a step with one thread and 0.39-7.0 s with two, and beside one more CPU-bound process 0.39 s
-    against 7.1-11.5 s (tests/benchmarks/bench_threads.py, 2026-12-01; results/threads.json)."""
+    The tiny model gains little from a second thread and loses much when the machine is busy: on a quiet 2-core
+    Intel Xeon the default run took 0.19 s a step with one thread and 0.16 s with two, and beside one CPU-bound
+    process 0.18 s against 3.1 s (tests/benchmarks/bench_threads.py --steps 10, 2026-12-01; results/threads.json).
+    One thread also makes its metrics independent of OMP_NUM_THREADS. For real models see `busy_cpu_hint`."""
     if cfg.num_threads is not None:
         return cfg.num_threads
     return 1 if cfg.model == "tiny" and model is None else None

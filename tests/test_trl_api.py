@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,6 +66,41 @@ def test_threads_default_to_one_for_the_tiny_model_and_are_recorded(cfg_factory,
     assert g.parse_args(["--num_threads", "3"]).num_threads == 3
     with pytest.raises(g.ConfigError, match="--num_threads 0"):
         g.GRPOTrainer(cfg_factory(num_threads=0))
+
+
+def test_busy_cpu_hint_names_the_thread_count_that_fits():
+    assert g.busy_cpu_hint(2, 2, 0) is None  # a quiet machine
+    assert g.busy_cpu_hint(1, 2, 5) is None  # one thread waits for no other
+    assert g.busy_cpu_hint(2, 2, None) is None  # nothing known (no /proc/loadavg)
+    assert g.busy_cpu_hint(2, 4, 2) is None  # the threads still fit
+    hint = g.busy_cpu_hint(2, 2, 1)
+    assert "1 other task(s) running on its 2 core(s)" in hint and hint.endswith("--num_threads 1 avoids that")
+    assert g.busy_cpu_hint(8, 8, 3).endswith("--num_threads 5 avoids that")
+    assert g.busy_cpu_hint(4, 2, 6).endswith("--num_threads 1 avoids that")
+
+
+def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatch):
+    if not Path("/proc/loadavg").exists():
+        pytest.skip("counts the running tasks in Linux's /proc/loadavg")
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert g.other_busy_tasks() >= 1
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    monkeypatch.setattr(g, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(g, "other_busy_tasks", lambda: 1)
+    with pytest.warns(UserWarning, match="the CPU is busy: 1 other task.*--num_threads 1 avoids that"):
+        g.pick_device("cpu", num_threads=2)
+
+    def unread():
+        raise AssertionError("one thread never reads the load")
+
+    monkeypatch.setattr(g, "other_busy_tasks", unread)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g.pick_device("cpu", num_threads=1)
 
 
 # --- 2. TRL's call shape -----------------------------------------------------------------------------------------
