@@ -38,6 +38,39 @@ def test_evaluate_on_the_tiny_model(tiny):
     assert b["eval_accuracy"] == 0.5 and b["eval_greedy_accuracy"] == pytest.approx(1 / 3)  # binary: accuracy too
 
 
+def test_evaluate_prefills_once_and_draws_what_two_generate_calls_draw(tiny, monkeypatch):
+    """evaluate runs each chunk of prompts through the model once for its greedy and its sampled completions. They
+    are exactly what two separate generate_completions calls give (the second under the evaluation's seed), and the
+    prompts are prefilled once per chunk, not twice."""
+    model, tok = tiny
+    rows = g.builtin_prompts(heldout=True)[:5]
+    seen, prefills = [], []
+    real_prefill = g.prefill
+    monkeypatch.setattr(g, "prefill", lambda *a, **k: prefills.append(len(a[2])) or real_prefill(*a, **k))
+
+    def spy(completions, prompts, **kw):
+        seen.append(list(completions))
+        return [0.0] * len(completions)
+
+    g.evaluate(model, tok, rows, [spy], num_generations=3, max_completion_length=10, seed=7, batch_prompts=3)
+    assert prefills == [3, 2]  # one prefill per chunk of --batch_prompts
+
+    def texts(batch):
+        mask = batch["completion_mask"]
+        return tok.batch_decode(batch["completion_ids"] * mask + tok.pad_token_id * (1 - mask),
+                                skip_special_tokens=True)
+
+    expected = {"greedy": [], "sampled": []}
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        for s in range(0, 5, 3):
+            prompts = g.prompt_texts(rows[s:s + 3], tok)
+            expected["greedy"] += texts(g.generate_completions(model, tok, prompts, 1, 512, 10, greedy=True))
+            expected["sampled"] += texts(g.generate_completions(model, tok, prompts, 3, 512, 10, temperature=1.0))
+    assert seen[0] + seen[2] == expected["greedy"] and seen[1] + seen[3] == expected["sampled"]
+    assert len(set(expected["sampled"])) > 3  # the sampled ones are sampled
+
+
 def test_a_data_set_passed_in_is_not_evaluated_on_the_builtin_split(cfg_factory, capsys):
     """A data set passed from Python is not the one --dataset names, so its held-out split must not be used; an
     eval_dataset passed alongside is."""
