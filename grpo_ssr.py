@@ -1468,6 +1468,9 @@ def load_model(name: str):
         else:
             _check_model_folder(name)
             path = name
+        if not has_tokenizer_files(path):
+            raise ConfigError(f"--model {name!r}: the folder holds no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+                              "save it beside the weights with tokenizer.save_pretrained(folder)")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -1477,6 +1480,15 @@ def load_model(name: str):
         tokenizer.pad_token = tokenizer.eos_token
     reset_generation_config(model, tokenizer)
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer_files(path: str) -> bool:
+    """False for a folder without any tokenizer file, from which AutoTokenizer silently builds a 1-token tokenizer.
+    True for anything else, a Hub id included (from_pretrained then says what is wrong)."""
+    return not Path(path).is_dir() or any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def _check_model_folder(name: str) -> None:
@@ -1986,11 +1998,27 @@ def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_datas
     return cfg, model, tokenizer, dataset if dataset is not None else train_dataset
 
 
-def _check_python_objects(cfg: GRPOConfig, model, tokenizer, dataset, reward_funcs) -> None:
-    """A model comes with its tokenizer; a run whose objects were passed from Python is resumed with them again."""
-    if model is not None and tokenizer is None:
-        raise ConfigError("GRPOTrainer: pass model= and tokenizer= together (processing_class= in TRL's words): a "
-                          "model passed from Python needs the tokenizer that goes with it")
+def tokenizer_of(model):
+    """TRL's rule for a model passed without its tokenizer: load the one saved where the model was loaded from
+    (`model.config._name_or_path`, a Hub id or a folder)."""
+    from transformers import AutoTokenizer
+
+    source = getattr(model.config, "_name_or_path", "")
+    if not source:
+        raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model: it was "
+                          "not loaded from a name or folder that a tokenizer could be loaded from")
+    try:
+        if not has_tokenizer_files(source):
+            raise OSError(f"the folder holds none of {', '.join(TOKENIZER_FILES)}")
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
+        raise ConfigError(f"GRPOTrainer: no tokenizer= (processing_class=) was passed, and none could be loaded "
+                          f"from the model's {source!r}: {_root_cause(e)}") from None
+    return tokenizer
+
+
+def _check_python_objects(cfg: GRPOConfig, model, dataset, reward_funcs) -> None:
+    """A run whose objects were passed from Python is resumed with them again."""
     for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
         if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):
             raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
@@ -2036,7 +2064,9 @@ class GRPOTrainer(GRPOStep):
         # allows; from Python those are the fields that differ from the defaults).
         cfg = resume_config(cfg, cli_options)
         validate_config(cfg)
-        _check_python_objects(cfg, model, tokenizer, dataset, reward_funcs)
+        _check_python_objects(cfg, model, dataset, reward_funcs)
+        if model is not None and tokenizer is None:
+            tokenizer = tokenizer_of(model)
         self.reward_funcs, self.reward_weights = resolve_rewards(cfg, reward_funcs, reward_weights)
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)

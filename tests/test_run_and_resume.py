@@ -144,7 +144,7 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     cfg = g.GRPOConfig(output_dir=str(tmp_path / "api"), prompt_column="question", reward_weights=[1.0, 0.5],
                        max_steps=1, per_device_train_batch_size=8, num_generations=4, max_completion_length=8)
     model, tok = g.load_model("tiny")
-    with pytest.raises(g.ConfigError, match="model= and tokenizer= together"):
+    with pytest.raises(g.ConfigError, match="pass tokenizer= .processing_class= in TRL's words. with this model"):
         g.GRPOTrainer(cfg, model=model, reward_funcs=[by_label, length], dataset=data)
     trainer = g.GRPOTrainer(cfg, model=model, tokenizer=tok, reward_funcs=[by_label, length], dataset=data)
     assert trainer.dataset[0]["prompt"] == "Summarise post 0:"

@@ -135,6 +135,30 @@ def test_trl_call_shape_trains_saves_and_keeps_a_log_history(cfg_factory, tiny_f
     assert (tmp_path / "saved" / "tokenizer.json").is_file()
 
 
+def test_a_model_object_without_processing_class_gets_the_tokenizer_saved_with_it(cfg_factory, tiny_folder, tmp_path,
+                                                                                  keep_threads):
+    """TRL's rule: with no processing_class, the tokenizer comes from where the model was loaded from
+    (model.config._name_or_path). A model built in code has no such place and is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
+    assert trainer.tokenizer.get_vocab() == g.load_model("tiny")[1].get_vocab()
+    assert trainer.train()[-1]["step"] == 1
+    built = g.build_tiny_model(len(g.build_tiny_tokenizer()))
+    with pytest.raises(g.ConfigError, match="pass tokenizer= .processing_class= in TRL's words. with this model"):
+        g.GRPOTrainer(built, reward_len, args=cfg_factory(output_dir=str(tmp_path / "built")))
+    bare = tmp_path / "weights_only"
+    model.save_pretrained(bare)  # no tokenizer files beside the weights
+    with pytest.raises(g.ConfigError, match="no tokenizer= .processing_class=. was passed, and none could be loaded "
+                                            ".*holds none of tokenizer.json"):
+        g.GRPOTrainer(AutoModelForCausalLM.from_pretrained(bare), reward_len,
+                      args=cfg_factory(output_dir=str(tmp_path / "bare")))
+    # AutoTokenizer would build a 1-token tokenizer from that folder without a word; --model refuses it too
+    with pytest.raises(g.ConfigError, match="the folder holds no tokenizer"):
+        g.load_model(str(bare))
+
+
 def test_reward_funcs_as_one_function_a_name_or_a_list_of_both(cfg_factory, tmp_path, monkeypatch, keep_threads):
     (tmp_path / "my_rewards.py").write_text("def shortest(completions, **kw):\n"
                                             "    return [-float(len(c)) for c in completions]\n")
@@ -385,6 +409,7 @@ def test_a_reward_with_the_wrong_count_is_one_line_and_the_fixed_command_runs(tm
     (tmp_path / "bad_rewards.py").write_text("def short(completions, **kw):\n"
                                              "    return [0.0] * (len(completions) - 1)\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TQDM_DISABLE", "1")  # the progress bar is not what is tested: stderr holds only the error
     args = ["--output_dir", str(tmp_path / "o"), "--eval_steps", "0", *SMALL]
     assert g.main(args + ["--reward_funcs", "bad_rewards.short"]) == 2
     assert _error_line(capsys) == ("error: reward function 'short' returned 7 values for 8 completions: return one "
