@@ -2980,4 +2980,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    # On the command line a warning is one line, as an error is: its message, not the line of this file that raised it.
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
     sys.exit(main())

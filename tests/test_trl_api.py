@@ -103,6 +103,27 @@ def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatc
         g.pick_device("cpu", num_threads=1)
 
 
+def test_on_the_command_line_the_busy_warning_is_one_line(tmp_path):
+    """Beside a CPU-bound process, a run with a thread per core prints one `warning:` line, not Python's two
+    (file:line, then the source line that raised it)."""
+    if not Path("/proc/loadavg").exists():
+        pytest.skip("counts the running tasks in Linux's /proc/loadavg")
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *SMALL, "--max_steps", "1",
+                               "--num_threads", str(g.usable_cpus()), "--output_dir", str(tmp_path / "o")],
+                              capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}, timeout=300)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    busy = [i for i, line in enumerate(lines) if "the CPU is busy" in line]
+    assert len(busy) == 1 and lines[busy[0]].startswith("warning: the CPU is busy: ")
+    assert "pick_device" not in proc.stderr and "UserWarning" not in proc.stderr
+
+
 # --- 2. TRL's call shape -----------------------------------------------------------------------------------------
 
 def reward_len(completions, **kwargs):  # TRL's quick-start reward, as its README writes it: ints
