@@ -1117,8 +1117,11 @@ def usable_cpus() -> int:
 
 def other_busy_tasks(readings: int = 9) -> Optional[int]:
     """How many other tasks are running or waiting for a CPU right now: the median of `readings` reads of the
-    running count in /proc/loadavg, less this process (the one reading it). None where there is no /proc (not Linux).
-    The median ignores a torch thread that is still spinning after its last parallel region."""
+    running count in /proc/loadavg, less this process (the one reading it). The median ignores a torch thread that is
+    still spinning after its last parallel region. None where there is no /proc (not Linux), and where this process
+    may use only some of the machine's CPUs (a cpuset): the count is the whole machine's, which is then no measure."""
+    if usable_cpus() != os.cpu_count():
+        return None
     counts = []
     try:
         for _ in range(readings):

@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -80,8 +79,8 @@ def test_busy_cpu_hint_names_the_thread_count_that_fits():
 
 
 def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatch):
-    if not Path("/proc/loadavg").exists():
-        pytest.skip("counts the running tasks in Linux's /proc/loadavg")
+    if g.other_busy_tasks() is None:
+        pytest.skip("counts the running tasks in Linux's /proc/loadavg, on a process free to use every CPU")
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
@@ -89,6 +88,8 @@ def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatc
     finally:
         neighbour.kill()
         neighbour.wait()
+    monkeypatch.setattr(g.os, "cpu_count", lambda: g.usable_cpus() + 2)  # pinned to some of the CPUs: no count
+    assert g.other_busy_tasks() is None
     monkeypatch.setattr(g, "usable_cpus", lambda: 2)
     monkeypatch.setattr(g, "other_busy_tasks", lambda: 1)
     with pytest.warns(UserWarning, match="the CPU is busy: 1 other task.*--num_threads 1 avoids that"):
@@ -106,8 +107,8 @@ def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatc
 def test_on_the_command_line_the_busy_warning_is_one_line(tmp_path):
     """Beside a CPU-bound process, a run with a thread per core prints one `warning:` line, not Python's two
     (file:line, then the source line that raised it)."""
-    if not Path("/proc/loadavg").exists():
-        pytest.skip("counts the running tasks in Linux's /proc/loadavg")
+    if g.other_busy_tasks() is None:
+        pytest.skip("counts the running tasks in Linux's /proc/loadavg, on a process free to use every CPU")
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
