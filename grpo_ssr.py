@@ -1987,7 +1987,8 @@ def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_datas
     if cfg is not None and not isinstance(cfg, GRPOConfig):  # TRL's first positional argument is the model
         if model is not None:
             raise ConfigError("GRPOTrainer: the first argument is a GRPOConfig (or, as in TRL, the model), and "
-                              "model= was given too")
+                              "model= was given too; in TRL's order only (model, reward_funcs, args) may be "
+                              "positional here: pass train_dataset=, eval_dataset= and processing_class= by name")
         cfg, model = None, cfg
     pairs = (("cfg", cfg, "args", args), ("tokenizer", tokenizer, "processing_class", processing_class),
              ("dataset", dataset, "train_dataset", train_dataset))
@@ -2057,6 +2058,8 @@ class GRPOTrainer(GRPOStep):
                  reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
                  dataset=None, eval_dataset=None, cli_options: Optional[set[str]] = None, *, args=None,
                  train_dataset=None, processing_class=None, **trl_only):
+        if isinstance(reward_weights, GRPOConfig) and args is None:  # TRL's positional order: model, reward_funcs, args
+            args, reward_weights = reward_weights, None
         cfg, model, tokenizer, dataset = trl_call(cfg, args, model, tokenizer, processing_class, dataset,
                                                   train_dataset, trl_only)
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs

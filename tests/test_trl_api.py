@@ -157,6 +157,20 @@ def test_trl_call_shape_trains_saves_and_keeps_a_log_history(cfg_factory, tiny_f
     assert (tmp_path / "saved" / "tokenizer.json").is_file()
 
 
+def test_trl_positional_order_takes_args_third_and_names_the_rest(cfg_factory, tiny_folder, keep_threads):
+    """TRL's signature is GRPOTrainer(model, reward_funcs, args, train_dataset, ...). Its third positional argument is
+    the config here too; a fourth is refused in one line that says to name it, not read as a model."""
+    from datasets import Dataset
+
+    args = cfg_factory(max_steps=1)
+    trainer = g.GRPOTrainer(str(tiny_folder), reward_len, args)
+    assert trainer.cfg.max_steps == 1 and trainer.cfg.model == str(tiny_folder) and trainer.reward_weights == [1.0]
+    data = Dataset.from_list([{"prompt": f"POST {i}\nTL;DR:"} for i in range(8)])
+    with pytest.raises(g.ConfigError, match="only .model, reward_funcs, args. may be positional here: pass "
+                                            "train_dataset="):
+        g.GRPOTrainer(str(tiny_folder), reward_len, args, data)
+
+
 def test_a_model_object_without_processing_class_gets_the_tokenizer_saved_with_it(cfg_factory, tiny_folder, tmp_path,
                                                                                   keep_threads):
     """TRL's rule: with no processing_class, the tokenizer comes from where the model was loaded from
