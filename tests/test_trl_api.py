@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -78,16 +79,23 @@ def test_busy_cpu_hint_names_the_thread_count_that_fits():
     assert g.busy_cpu_hint(4, 2, 6).endswith("--num_threads 1 avoids that")
 
 
-def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatch):
+@contextmanager
+def cpu_bound_neighbour():
+    """Another process that keeps one core busy for the block's length, as another job on a shared machine would."""
     if g.other_busy_tasks() is None:
         pytest.skip("counts the running tasks in Linux's /proc/loadavg, on a process free to use every CPU")
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
-        assert g.other_busy_tasks() >= 1
+        yield
     finally:
         neighbour.kill()
         neighbour.wait()
+
+
+def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatch):
+    with cpu_bound_neighbour():
+        assert g.other_busy_tasks() >= 1
     monkeypatch.setattr(g.os, "cpu_count", lambda: g.usable_cpus() + 2)  # pinned to some of the CPUs: no count
     assert g.other_busy_tasks() is None
     monkeypatch.setattr(g, "usable_cpus", lambda: 2)
@@ -107,17 +115,10 @@ def test_a_cpu_bound_neighbour_is_counted_and_warned_of(keep_threads, monkeypatc
 def test_on_the_command_line_the_busy_warning_is_one_line(tmp_path):
     """Beside a CPU-bound process, a run with a thread per core prints one `warning:` line, not Python's two
     (file:line, then the source line that raised it)."""
-    if g.other_busy_tasks() is None:
-        pytest.skip("counts the running tasks in Linux's /proc/loadavg, on a process free to use every CPU")
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)
+    with cpu_bound_neighbour():
         proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *SMALL, "--max_steps", "1",
                                "--num_threads", str(g.usable_cpus()), "--output_dir", str(tmp_path / "o")],
                               capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}, timeout=300)
-    finally:
-        neighbour.kill()
-        neighbour.wait()
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     busy = [i for i, line in enumerate(lines) if "the CPU is busy" in line]
