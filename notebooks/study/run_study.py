@@ -14,7 +14,8 @@ recipe, TASKS has its settings): GRPO against the replay setting we ship, 8 seed
 
     python notebooks/study/run_study.py                             # the full study: about 30 minutes on 2 cores
     python notebooks/study/run_study.py --task arithmetic           # the real model: about 50 minutes on 2 cores
-    python notebooks/study/run_study.py --task replication          # the pre-registered replication (README)
+    python notebooks/study/run_study.py --task replication          # the pre-registered replication
+    python notebooks/study/run_study.py --task budget               # the second pre-registered study
     python notebooks/study/run_study.py --seeds 0 1 --max_steps 40 --out_dir /tmp/pilot   # a pilot, with an estimate
     python notebooks/study/run_study.py --analyse_only              # rebuild summary.json from the raw data alone
 
@@ -72,6 +73,11 @@ ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compar
     # empty step (grpo_skip_empty), and does it beat generating until the batch has signal (dapo)?
     "grpo_skip_empty": dict(replay_buffer_class="ReplayBuffer", skip_empty_steps=True),
     "dapo": dict(replay_buffer_class="ReplayBuffer", dynamic_sampling=True),
+    # The second real-model study (notebooks/study/README.md, "The budget study"): GRPO given DAPO's completions, as
+    # 3 micro-batches of 16 a step (6 prompts x 8, 960 completions a run against DAPO's 926 in the replication), and
+    # SSR whose replays are at most one step old.
+    "grpo_matched": dict(replay_buffer_class="ReplayBuffer", gradient_accumulation_steps=3),
+    "ssr_fresh": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=1, ssr_age_decay=0.0),
 }
 DEFAULT_ARMS = ["grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay", "ssr_replace_stale"]
 BASELINE = "grpo"
@@ -99,7 +105,18 @@ TASKS = {  # --task -> the GRPOConfig flags every run of it shares, and the stud
                               "ssr_fill"],
                         learning_rates=[2e-5], max_steps=20, eval_steps=5, points_every=10, greedy=True,
                         seeds=list(range(8, 16)), out_dir="replication"),
+    # The second pre-registered study (notebooks/study/README.md, "The budget study"): the replication's setting on
+    # fresh seeds 16-31; is DAPO's lead filtering or data, and does a fresh replay help?
+    "budget": dict(flags=dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
+                              per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
+                              temperature=0.7, eval_num_generations=2, bf16=False),
+                   arms=["grpo", "dapo", "grpo_matched", "ssr_fresh"], learning_rates=[2e-5], max_steps=20,
+                   eval_steps=5, points_every=10, greedy=True, seeds=list(range(16, 32)), out_dir="budget"),
 }
+# The budget study's two pre-registered hypotheses (Holm over both), then its named secondary comparisons (no
+# multiplicity control: reported, not tested as a family).
+HYPOTHESES = [("dapo", "grpo_matched"), ("ssr_fresh", "grpo")]
+SECONDARY = [("dapo", "grpo"), ("grpo_matched", "grpo"), ("ssr_fresh", "dapo")]
 PRIMARY = ("eval_greedy", "auc")  # the replication's primary endpoint: greedy held-out accuracy AUC
 DECISION = ("ssr_fill_decay", ["grpo_skip_empty", "dapo"])  # the replay we ship against the two baselines
 STALENESS = ("clip_ratio", "sample_age", "replay_abs_log_ratio", "frac_zero_adv_trained", "unique_sample_frac",
@@ -519,6 +536,77 @@ def replication_markdown(rep: dict) -> str:
     return "\n".join(rows)
 
 
+def updates(run: dict) -> int:
+    """Optimizer updates a run made: its steps less those that skipped AdamW (a skipped or non-finite step)."""
+    return int(len(run["train"]["step"]) - np.nansum(series(run["train"], "skipped")))
+
+
+def budget_table(runs: list[dict], n_boot: int, planned: Optional[set[int]] = None) -> dict:
+    """The budget study's table (notebooks/study/README.md): per arm, the primary endpoint (greedy held-out accuracy
+    AUC), stuck seeds and cost (completions, optimizer updates, CPU seconds); the two hypotheses, each a paired
+    difference by seed with its exact sign-flip p, Holm over the two, and the t-interval; the secondary comparisons
+    likewise, without Holm. A comparison whose arms lack some planned seed is reported without a test."""
+    kind, key = PRIMARY
+    planned = set(TASKS["budget"]["seeds"]) if planned is None else set(planned)
+    by_arm = {a: {r["seed"]: r for r in runs if r["arm"] == a} for a in ARMS if any(r["arm"] == a for r in runs)}
+
+    def measure(run, kind_=kind, key_=key):
+        return eval_measures(run, [], "eval_greedy_reward" if kind_ == "eval_greedy" else "eval_reward")[key_]
+
+    arms = {}
+    for arm, own in by_arm.items():
+        co = [cost(r) for r in own.values()]
+        arms[arm] = _rounded({"primary": float(np.mean([measure(r) for r in own.values()])),
+                              "completions_per_run": float(np.mean([c["completions"] for c in co])),
+                              "updates_per_run": float(np.mean([updates(r) for r in own.values()])),
+                              "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
+                              "wall_s_per_run": float(np.mean([c["wall_s"] for c in co]))})
+        arms[arm].update(seeds=sorted(own), stuck_seeds=sorted(s for s, r in own.items() if stuck(r)))
+
+    def compare(arm, other):
+        if arm not in by_arm or other not in by_arm:
+            return None
+        out = paired({s: measure(r) for s, r in by_arm[arm].items()},
+                     {s: measure(r) for s, r in by_arm[other].items()}, n_boot)
+        out["complete"] = set(by_arm[arm]) >= planned and set(by_arm[other]) >= planned
+        if not out["complete"]:  # protocol: reported, without a test
+            out = {k: out[k] for k in ("mean", "ahead", "seeds", "complete")}
+        else:
+            out["sampled_auc"] = paired({s: measure(r, "eval") for s, r in by_arm[arm].items()},
+                                        {s: measure(r, "eval") for s, r in by_arm[other].items()}, n_boot)
+        return out
+
+    hypotheses = {f"{a}_vs_{b}": compare(a, b) for a, b in HYPOTHESES}
+    tested = {n: h["p_signflip"] for n, h in hypotheses.items() if h and h["complete"]}
+    if len(tested) == len(HYPOTHESES):  # Holm over the whole family only
+        for name, adjusted in holm(tested).items():
+            hypotheses[name]["p_holm"] = round(adjusted, 5)
+    return {"endpoint": f"{kind} {key}", "planned_seeds": sorted(planned), "arms": arms, "hypotheses": hypotheses,
+            "secondary": {f"{a}_vs_{b}": compare(a, b) for a, b in SECONDARY}}
+
+
+def budget_markdown(rep: dict) -> str:
+    """The budget study's table as Markdown: `run_study.py --task budget --analyse_only --markdown`."""
+    rows = ["| comparison | mean difference | t95 | exact p | Holm p | seeds ahead |", "|---|---|---|---|---|---|"]
+    for group in ("hypotheses", "secondary"):
+        for name, d in rep[group].items():
+            label = f"`{name.replace('_vs_', '` against `')}`" + (" (H)" if group == "hypotheses" else "")
+            if d is None:
+                rows.append(f"| {label} | not run | | | | |")
+            elif not d["complete"]:
+                rows.append(f"| {label} | {d['mean']:+.3f} ({d['seeds']} seeds, incomplete: no test) | | | | "
+                            f"{d['ahead']}/{d['seeds']} |")
+            else:
+                rows.append(f"| {label} | {d['mean']:+.3f} | [{d['t95'][0]:+.3f}, {d['t95'][1]:+.3f}] | "
+                            f"{d['p_signflip']:.4f} | {_fmt(d.get('p_holm'), '.4f')} | {d['ahead']}/{d['seeds']} |")
+    rows += ["", "| arm | greedy held-out AUC | seeds | stuck seeds | completions | updates | CPU s |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, a in rep["arms"].items():
+        rows.append(f"| `{arm}` | {a['primary']:.3f} | {len(a['seeds'])} | {len(a['stuck_seeds'])} | "
+                    f"{a['completions_per_run']:.0f} | {a['updates_per_run']:.0f} | {a['cpu_s_per_run']:.0f} |")
+    return "\n".join(rows)
+
+
 def estimate(runs: list[dict], arms: list[str], lrs: list[float], seeds: int, steps: int, jobs: int) -> float:
     """Minutes the given plan would take on `jobs` quiet cores. A run is one thread, so on a core of its own its wall
     time is its CPU time: each arm's CPU seconds per step here times `steps`, plus its start-up (CPU time not spent in
@@ -588,10 +676,11 @@ def parse_overrides(items: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="tiny", choices=list(TASKS), help="tiny: the tiny model on reward_len_binary; "
-                   "arithmetic: SmolLM2-135M-Instruct on sums (the CPU recipe). Sets the defaults marked (task)")
+                   "arithmetic: SmolLM2-135M-Instruct on sums (the CPU recipe); replication and budget: the "
+                   "pre-registered studies on it. Sets the defaults marked (task)")
     p.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="(task)")
     p.add_argument("--learning_rates", type=float, nargs="+", default=None, help="(task)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(task) 0-7; 8-15 for replication")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(task) 0-7; 8-15 for replication; 16-31 for budget")
     p.add_argument("--max_steps", type=int, default=None, help="(task)")
     p.add_argument("--eval_steps", type=int, default=None, help="held-out evaluation every N steps (when grpo_ssr "
                                                                "has eval_steps); 0 turns it off (task)")
@@ -641,6 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = analyse(runs, points, args.window, args.bootstrap, greedy=task["greedy"])
     if args.task == "replication":
         summary["replication"] = replication_table(runs, args.bootstrap)
+    if args.task == "budget":
+        summary["budget"] = budget_table(runs, args.bootstrap)
     first = runs[0]
     summary["settings"] = {"reward": first["config"]["reward_funcs"], "arm_flags": {a: ARMS[a] for a in summary["arms"]},
                            "seeds": sorted({r["seed"] for r in runs}), "max_steps": steps, "jobs": args.jobs,
@@ -663,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
         print_replication(summary["replication"])
         if args.markdown:
             print(replication_markdown(summary["replication"]))
+    if "budget" in summary:
+        print(budget_markdown(summary["budget"]))
     if "estimate_full_default_min" in summary:
         print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default {args.task} study "
               f"({len(full['arms'])} arms, learning rates {full['lrs']}, {full['seeds']} seeds, {full['steps']} steps, "
