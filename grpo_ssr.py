@@ -1,52 +1,33 @@
 """GRPO with Selective Sample Replay (SSR), in one readable file.
 
-GRPO (DeepSeekMath, arXiv 2402.03300) trains a language model from a reward alone. For each prompt it samples a group
-of completions, scores them, and raises the log-probability of those that beat their group's mean while lowering the
-rest: the group mean is the baseline, and there is no value network. When every completion of a group gets the same
-reward, all its advantages are 0 and the group teaches nothing. SSR (VL-Rethinker, arXiv 2504.08837) keeps the samples
-with a non-zero advantage in a buffer and replays them with probability proportional to |advantage|^alpha.
+GRPO (DeepSeekMath, arXiv 2402.03300) trains a language model from a reward alone: for each prompt it samples a group
+of completions, scores them, and raises the log-probability of those that beat their group's mean (the baseline; no
+value network). A group whose completions all get the same reward has advantages 0 and teaches nothing. SSR
+(VL-Rethinker, arXiv 2504.08837) keeps samples with a non-zero advantage and replays them with P ~ |advantage|^alpha.
 
-Part I, the algorithm, is one GRPO + SSR step read top to bottom: its settings, sampling, the reward, advantages,
-log-probabilities, the loss, the buffers and repad, and the step itself. Part II runs it for real: validation, devices
-and torchrun, the memory-lean log-prob path, models, data and tasks, evaluation, the run loop, checkpoints and resume,
-the output folder, plots and the CLI. Skip Part II on a first read.
+Part I, the algorithm, runs alone; `GRPOStep` owns a run's state and takes one optimizer step at a time. Part II runs
+it for real (validation, torchrun, lean log-probs, models, data, evaluation, the trainer, checkpoints, the health
+report, the CLI) and uses Part I, never the reverse.
 
-Run it:
-    python grpo_ssr.py            # the tiny model on built-in prompts, under a minute on a 2-core CPU
-    python grpo_ssr.py --help
+    python grpo_ssr.py            # plain GRPO: the tiny model on built-in prompts, about a minute on a laptop CPU
+    python grpo_ssr.py --replay_buffer_class SSRReplayBuffer --reward_funcs reward_len_binary   # where SSR matters
     python grpo_ssr.py --model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy
 
-Left out on purpose, because they are speed and scale rather than the algorithm: vLLM and other inference servers,
-DeepSpeed, FSDP and PEFT. Generation is a plain KV-cache decode loop, and several GPUs work through torchrun and plain
-DistributedDataParallel. Also left out: reward models (rewards are Python functions with TRL's signature), entropy and
-truncation masking, inference-engine importance corrections, and TRL's loss types beyond grpo, bnpo, dr_grpo and dapo.
-The README says where this file departs from TRL, from the pull request it grew from, from the paper and from the
-paper's released code, and which study chose the defaults.
+Left out on purpose, as speed and scale rather than the algorithm: vLLM, DeepSpeed, FSDP and PEFT (generation is a
+plain KV-cache loop; several GPUs work through torchrun and DDP). Also left out: reward models (rewards are Python
+functions with TRL's signature), entropy and truncation masking, and TRL's loss types beyond grpo, bnpo, dr_grpo and
+dapo. The README says where this file departs from TRL, from the pull request it grew from, and from the paper.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import difflib
-import importlib
-import inspect
-import json
 import math
-import numbers
-import os
-import random
-import re
-import shutil
-import signal
 import sys
 import time
-import typing
 import warnings
-import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -57,9 +38,7 @@ import torch.nn.functional as F
 # Part I: the algorithm. One GRPO + SSR step, in the order it runs.
 # ======================================================================================================================
 
-# ----------------------------------------------------------------------------------------------------------------------
-# 0. The settings of the algorithm; GRPOConfig, in the second part, adds those of running it. Names follow TRL's.
-# ----------------------------------------------------------------------------------------------------------------------
+# 0. The settings of the algorithm; GRPOConfig, in Part II, adds those of running it. Names follow TRL's.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {"ReplayBuffer": "ReplayBuffer", "uniform": "ReplayBuffer",
@@ -80,69 +59,52 @@ class AlgorithmConfig:
                                           "(TRL's default is 512).")
     temperature: float = _opt(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
     # --- advantages and the loss
-    scale_rewards: str = _opt("group", "Divide advantages by each group's reward std + 1e-4 (group or true, TRL's "
-                                       "default), by the whole batch's (batch), or not at all (none or false).")
-    loss_type: str = _opt("dapo", "What the summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's "
-                                  "default); see the README.")
+    scale_rewards: str = _opt("group", "Divide advantages by each group's reward std + 1e-4 (group, TRL's default), "
+                                       "by the whole batch's (batch), or not at all (none).")
+    loss_type: str = _opt("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's default).")
     epsilon: float = _opt(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
     epsilon_high: Optional[float] = _opt(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO: 0.28).")
     beta: float = _opt(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it.")
-    use_bias_correction_kl: bool = _opt(True, "With beta > 0, multiply k3 by pi / pi_old so its gradient is the "
-                                              "reverse KL's (TRL's default).")
+    use_bias_correction_kl: bool = _opt(True, "Multiply k3 by pi / pi_old: its gradient is then the reverse KL's.")
     # --- the optimizer step
     per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
     gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step; a generation batch holds one step's.")
     num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
-    learning_rate: float = _opt(1e-3, "AdamW's peak rate, decayed linearly to 0; 1e-3 suits the tiny model, about "
-                                      "1e-6 a pretrained 0.5B one.")
-    warmup_steps: int = _opt(0, "Linear warm-up steps before the decay, HF's schedule; 0 (TRL's default) skips it.")
+    learning_rate: float = _opt(1e-3, "AdamW's peak rate, decayed linearly to 0; 1e-3 suits the tiny model.")
+    warmup_steps: int = _opt(0, "Linear warm-up steps before the decay (HF's schedule); 0 skips it.")
     weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
-    max_steps: int = _opt(250, "Optimizer steps; 250 teaches the tiny model the length reward in under a minute on a "
-                               "2-core CPU.")
-    skip_empty_steps: bool = _opt(False, "No AdamW update on a step without signal (all advantages 0, beta 0); the "
-                                         "schedule still advances. Off, as in TRL.")
+    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward in about a minute on a "
+                               "laptop CPU.")
+    skip_empty_steps: bool = _opt(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
     # --- replay
-    replay_buffer_class: str = _opt("SSRReplayBuffer", "SSRReplayBuffer (or ssr): replay non-zero-advantage samples "
-                                                       "by |A|^alpha; ReplayBuffer (or uniform): plain GRPO.")
+    replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO, the seed's default; "
+                                                    "SSRReplayBuffer (or ssr): Selective Sample Replay.")
     ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
     ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha; 0 draws uniformly.")
     ssr_mode: str = _opt("fill", "fill: fresh non-zero samples train and draws take the zero-advantage slots; "
                                  "replace: every micro-batch is drawn.")
-    ssr_max_age: Optional[int] = _opt(None, "SSR: never draw, and evict, a sample more than this many steps old; "
-                                            "off by default.")
-    ssr_age_decay: float = _opt(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0 turns the "
-                                     "decay off.")
-    max_generation_retries: int = _opt(3, "Extra generation batches a step may make while it has nothing to train "
-                                          "on (or, with --dynamic_sampling, to fill its batch).")
-    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling, a baseline without replay: train only groups with "
-                                         "reward spread, generating more to fill the batch.")
+    ssr_max_age: Optional[int] = _opt(None, "SSR: never draw, and evict, a sample more than this many steps old.")
+    ssr_age_decay: float = _opt(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0: no decay.")
+    max_generation_retries: int = _opt(3, "Extra generation batches a step may make while it has nothing to train on "
+                                          "(with --dynamic_sampling, to fill its batch).")
 
     @property
     def generation_batch_size(self) -> int:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
 
-# ----------------------------------------------------------------------------------------------------------------------
 # 1. Sampling: temperature only, so the completions come from exactly the distribution the loss describes.
-# ----------------------------------------------------------------------------------------------------------------------
 
 @torch.no_grad()
 def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
                          max_completion_length: int, temperature: float = 1.0, add_special_tokens: bool = True,
                          greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
-    """Sample `num_generations` completions per prompt. Returns left-padded prompts and right-padded completions.
-
-    Plain prompts get the tokenizer's special tokens (a BOS for Llama, Mistral, Gemma), as in TRL; pass
-    `add_special_tokens=False` for text that a chat template rendered, which already holds them.
-
-    Completions of prompt i are rows i*G ... i*G + G-1 (a group is contiguous). This is a plain decode loop with a
-    KV cache, not `model.generate`, so the sampling rule is exactly `sample_next_token` and nothing the model's
-    generation config says can change it. Each prompt is run through the model once (`prefill`), not G times: its
-    cache is then repeated for the G completions of its group (`decode`). A row that samples EOS is padded from then
-    on, and the loop stops as soon as every row has ended. Any of `eos_ids` (default `eos_token_ids(model,
-    tokenizer)`) ends a row. `greedy` takes the most likely token instead (held-out evaluation).
-    """
+    """Sample `num_generations` completions per prompt: left-padded prompts, right-padded completions; prompt i's
+    group is rows i*G ... i*G + G-1. A plain KV-cache loop, not `model.generate`, so the sampling rule is exactly
+    `sample_next_token`: each prompt runs through the model once (`prefill`), its cache is repeated for its G
+    completions (`decode`), and any of `eos_ids` ends a row. Text a chat template rendered holds its special tokens
+    already (`add_special_tokens=False`). `greedy`: the most likely token instead (held-out evaluation)."""
     prefilled = prefill(model, tokenizer, prompts, max_prompt_length, add_special_tokens)
     return decode(model, tokenizer, prefilled, num_generations, max_completion_length, temperature, greedy, eos_ids)
 
@@ -157,7 +119,7 @@ def prefill(model, tokenizer, prompts: list[str], max_prompt_length: int, add_sp
     mask = enc.attention_mask[:, -max_prompt_length:].to(device)
     positions = positions_from_mask(mask)  # (P, Tp)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    return {"ids": ids, "mask": mask, "positions": positions, "cache": out[_cache_kwarg(model)],
+    return {"ids": ids, "mask": mask, "positions": positions, "cache": out.cache,
             "logits": out.logits[:, -1]}  # logits (P, V): each prompt's next token
 
 
@@ -167,16 +129,10 @@ def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completi
     """`generate_completions`'s second half, from `prefill`'s output. It grows that cache in place: decode a
     `copy.deepcopy` of it to draw from the same prompts twice (held-out evaluation does, greedy and sampled)."""
     prompt_ids, prompt_mask, positions, cache = (prefilled[k] for k in ("ids", "mask", "positions", "cache"))
-    device, cache_kw = prompt_ids.device, _cache_kwarg(model)
-    G, pad = num_generations, tokenizer.pad_token_id
+    G, pad, device = num_generations, tokenizer.pad_token_id, prompt_ids.device
     eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
-    if callable(getattr(cache, "batch_repeat_interleave", None)):
-        cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
-        logits = prefilled["logits"].repeat_interleave(G, dim=0)  # (B, V), B = P * G
-    else:  # a cache type that cannot be repeated (none of transformers' own): prefill every row, a second time
-        out = model(input_ids=prompt_ids.repeat_interleave(G, 0), attention_mask=prompt_mask.repeat_interleave(G, 0),
-                    position_ids=positions.repeat_interleave(G, 0), use_cache=True, logits_to_keep=1)
-        cache, logits = out[cache_kw], out.logits[:, -1]
+    cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
+    logits = prefilled["logits"].repeat_interleave(G, dim=0)  # (B, V), B = P * G
     prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
 
     # One token for every row per forward pass. The mask is allocated once and read through growing views.
@@ -193,21 +149,16 @@ def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completi
         if t == C - 1 or bool(ended.all()):
             break
         logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + t + 1], position_ids=first_position + t,
-                       use_cache=True, **{cache_kw: cache}).logits[:, -1]  # (B, V): predicts token t + 1
+                       use_cache=True, cache=cache).logits[:, -1]  # (B, V): predicts token t + 1
     completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
             "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist())}
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Draw one token per row from softmax(logits / temperature), and from nothing else. (B, V) -> (B,).
-
-    Inverse-CDF sampling: lay the tokens' weights exp((l - max) / T) end to end, throw a uniform point on [0, total)
-    and take the token it lands on. No top-k, top-p, min-p or penalty can slip in, unlike `model.generate`, which
-    fills every option it is not given from the model's and transformers' defaults. The running sum is in float64 so
-    that rounding does not shift mass between the many tiny-probability tokens of a large vocabulary. Unlike
-    `torch.multinomial` (about 40 ms a row-batch of 16 at 152k tokens on CPU), this costs two passes over the logits.
-    """
+    """Draw one token per row from softmax(logits / temperature), and nothing else (no top-k, top-p or penalty can
+    slip in). (B, V) -> (B,). Inverse-CDF sampling: lay the weights exp((l - max) / T) end to end, throw a uniform point
+    on [0, total) and take the token it lands on; the running sum is in float64, so that rounding moves no mass."""
     scaled = (logits.double() - logits.amax(dim=-1, keepdim=True).double()) / temperature
     cdf = scaled.exp().cumsum(dim=-1)  # (B, V): token i owns [cdf[i-1], cdf[i])
     u = torch.rand(cdf.size(0), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
@@ -217,8 +168,7 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.T
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Each token's position counts only the real tokens before it, so a left-padded row gets the same positions as
-    the unpadded one (pad slots get 0). Generation and the log-probs both use this. (B, T) -> (B, T)."""
+    """Each token's position counts the real tokens before it: a left-padded row gets the unpadded one's. (B, T)."""
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
@@ -230,10 +180,22 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int | l
     return (positions[None, :] <= first_eos[:, None]).long()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's, as in TRL (Qwen2-Instruct
+    has two, <|im_end|> and <|endoftext|>)."""
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
+    return list(dict.fromkeys([tokenizer.eos_token_id, *listed]))  # the tokenizer's first, no repeats
+
+
+def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
+    """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
+    return [r["prompt"] if isinstance(r["prompt"], str)
+            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in rows]
+
+
 # 2. The reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) each.
-#    score_generations, in the second part, decodes a batch, calls each reward function and sums their scores.
-# ----------------------------------------------------------------------------------------------------------------------
 
 def reward_len(completions: list, **kwargs) -> list[float]:
     """The seed's reward: -|20 - number of characters|. Best possible is 0, a 20-character completion."""
@@ -245,17 +207,41 @@ def _text(completion) -> str:
     return completion if isinstance(completion, str) else completion[0]["content"]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
+                      reward_funcs: list[Callable], weights: list[float]) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """Decode a batch and score it: the weighted rewards (B,), the per-function scores (B, F), and the completions as
+    the rewards saw them (strings, or for chat prompts one assistant message). Dataset columns are repeated per
+    completion and passed by name, with TRL's `completion_ids` (each completion's ids without padding)."""
+    mask = batch["completion_mask"]
+    texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
+                                   skip_special_tokens=True)
+    chat = not isinstance(rows[0]["prompt"], str)
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+    repeated = [r for r in rows for _ in range(num_generations)]
+    columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
+    columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
+    rewards, per_func = score_completions(reward_funcs, weights, [r["prompt"] for r in repeated], completions, columns)
+    return rewards, per_func, completions
+
+
+def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
+                      columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call each reward function: the weighted rewards (B,) and the per-function scores (B, F). None or NaN is "no
+    score" from a function and is left out of the sum; a completion no function scores gets NaN (as in TRL)."""
+    scores = [f(completions=completions, prompts=prompts, **columns) for f in reward_funcs]
+    per_func = torch.tensor([[math.nan if r is None else float(r) for r in out] for out in scores],
+                            dtype=torch.float64).T  # (B, F)
+    rewards = (per_func * torch.tensor(weights, dtype=torch.float64)).nansum(dim=1)  # (B,)
+    rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
+    return rewards.float(), per_func
+
+
 # 3. Advantages: each completion's reward relative to its own group.
-# ----------------------------------------------------------------------------------------------------------------------
 
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool | str = "group") -> torch.Tensor:
-    """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group" or True), by the std of the whole batch + 1e-4
-    ("batch"), or by nothing ("none" or False), as TRL's scale_rewards. (B,) -> (B,).
-
-    A NaN reward (an unscorable completion) is left out of its group's mean and std, and gets advantage 0, as in TRL.
-    Groups with zero spread get advantages of exactly 0 (not a rounding error away from it): SSR relies on that.
-    """
+    """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group"), by the whole batch's std + 1e-4 ("batch") or
+    by nothing ("none"), as TRL's scale_rewards. (B,) -> (B,). A NaN reward (unscorable) is left out of its group's
+    mean and std and gets advantage 0, as in TRL. A group with zero spread gets exactly 0: SSR relies on that."""
     grouped = rewards.view(-1, num_generations)  # (B/G, G)
     adv = grouped - grouped.nanmean(dim=1, keepdim=True)
     if scale_rewards == "batch":
@@ -267,8 +253,7 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards:
 
 
 def zero_spread_groups(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """True for each group whose scored rewards (NaN = unscorable, ignored) are all equal, or that has none.
-    (B,) -> (B / G,) bool."""
+    """True for each group whose scored rewards (NaN ignored) are all equal, or that has none. (B,) -> (B / G,)."""
     grouped = rewards.view(-1, num_generations)
     high = grouped.nan_to_num(nan=-math.inf).max(dim=1).values
     low = grouped.nan_to_num(nan=math.inf).min(dim=1).values
@@ -282,25 +267,16 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(count > 1, var, math.nan).sqrt()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
 # 4. Log-probabilities of the completion tokens, at the sampling temperature.
-# ----------------------------------------------------------------------------------------------------------------------
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
-    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C)."""
-    position_ids = positions_from_mask(attention_mask)  # the positions the tokens were sampled at
-    targets = input_ids[:, -logits_to_keep:]  # (B, C)
-    head = _lean_head(model)
-    if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
-        return selective_log_softmax(logits[:, :-1].float() / temperature, targets)  # upcast before dividing
-    backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=False).last_hidden_state  # (B, T, H)
-    hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
-    return chunked_head_logps(hidden, head, targets, temperature, chunk_size)
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C).
+
+    It holds the logits of all completion tokens at once, (B, C, V); Part II's `lean_logps` takes a chunk at a time."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
+                   logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
+    return selective_log_softmax(logits[:, :-1].float() / temperature, input_ids[:, -logits_to_keep:])
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -310,39 +286,35 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
 
 
 class LogProbs(torch.nn.Module):
-    """per_token_logps as a module, so that DistributedDataParallel can wrap it: DDP syncs gradients of the
-    computation that runs through its forward, and ours goes past the model's own forward (to the backbone)."""
+    """per_token_logps as a module, so that DDP can wrap it: DDP syncs the gradients of what runs through forward."""
 
-    def __init__(self, model, temperature: float = 1.0, chunk_size: int = 512):
+    def __init__(self, model, temperature: float = 1.0):
         super().__init__()
-        self.model, self.temperature, self.chunk_size = model, temperature, chunk_size
+        self.model, self.temperature = model, temperature
 
     def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        return per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature,
-                               self.chunk_size)
+        return per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
 # 5. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
-# ----------------------------------------------------------------------------------------------------------------------
 
 def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
               completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
               beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "dapo",
               use_bias_correction_kl: bool = True, max_completion_length: Optional[int] = None,
               num_micro_batches: int = 1, num_items_in_batch: Optional[float] = None,
-              micro_batch_tokens: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              micro_batch_tokens: Optional[float] = None,
+              num_sequences: Optional[int] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
 
     Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
-      grpo:    each sequence's token count, then B * num_micro_batches sequences (mean of sequence means)
-      bnpo:    this micro-batch's token count (or micro_batch_tokens), then num_micro_batches
-               (exact only if micro-batches hold equal numbers of tokens; under torchrun, this process's tokens)
-      dr_grpo: B * max_completion_length * num_micro_batches (a constant: no length bias)
+      grpo:    each sequence's token count, then num_sequences, the step's rows (mean of sequence means)
+      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches (exact for equal micro-batches)
+      dr_grpo: num_sequences * max_completion_length (a constant: no length bias)
       dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
-    The KL term is k3 = exp(ref - logp) - (ref - logp) - 1. With use_bias_correction_kl it is multiplied by the
-    ratio pi / pi_old (differentiable): its gradient is then the reverse-KL gradient (logp - ref) * grad logp;
-    plain k3's gradient, (1 - ref_p / p) * grad logp, is in expectation that of the forward KL(ref || pi).
+    num_sequences defaults to B * num_micro_batches; a part batch passes its own, so that every row weighs the same.
+    The KL term is k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi /
+    pi_old, which makes its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's).
     """
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
     mask = completion_mask.to(per_token_logps.dtype)
@@ -360,85 +332,58 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
         kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
         per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
         stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
-
-    total = (per_token_loss * mask).sum()
+    total, rows = (per_token_loss * mask).sum(), num_sequences or mask.size(0) * num_micro_batches
     if loss_type == "grpo":
-        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / (mask.size(0) * num_micro_batches)
+        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / rows
     elif loss_type == "bnpo":
         tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
         loss = total / tokens / num_micro_batches
     elif loss_type == "dr_grpo":
-        loss = total / (mask.size(0) * max_completion_length * num_micro_batches)
+        loss = total / (rows * max_completion_length)
     elif loss_type == "dapo":
         loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
     else:
         raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
-
     clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
     stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
     return loss, stats
 
 
-# ----------------------------------------------------------------------------------------------------------------------
 # 6. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
-# ----------------------------------------------------------------------------------------------------------------------
 
 def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
-    """Split a batch dict of (B, ...) tensors (or lists) into B single-sample dicts. None values stay None."""
+    """A batch dict of (B, ...) tensors (or lists) as B single-sample dicts. None values stay None."""
     size = next(len(v) for v in batch.values() if v is not None)
     return [{k: (None if v is None else v[i]) for k, v in batch.items()} for i in range(size)]
 
 
 def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Stack same-shaped single samples into a batch: tensors with torch.stack, other values into a list."""
-    out = {}
-    for key in samples[0]:
-        values = [s[key] for s in samples]
-        if all(v is None for v in values):
-            out[key] = None
-        elif any(v is None for v in values):
-            raise ValueError(f"combine_tensor_dict: {key!r} is None in some samples and not in others")
-        elif isinstance(values[0], torch.Tensor):
-            out[key] = torch.stack(values)
-        else:
-            out[key] = values
-    return out
+    values = {key: [s[key] for s in samples] for key in samples[0]}
+    return {k: None if v[0] is None else torch.stack(v) if torch.is_tensor(v[0]) else v for k, v in values.items()}
 
 
 LOGP_KEYS = ("old_per_token_logps", "ref_per_token_logps")
 
 
 def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
-    """Drop each sample's padding (per its masks), then pad all to the longest remaining prompt (on the left) and
-    completion (on the right). Log-probs follow the completion mask and pad with 0. Other keys pass through.
-
-    Samples from different generation batches were padded to different lengths; this makes them stackable with the
-    least padding, so a micro-batch wastes no compute on columns that are padding in every row.
-    """
+    """Drop each sample's padding, then pad all to the longest prompt (on the left) and completion (on the right):
+    samples from different generation batches stack with the least padding. Log-probs follow the completion mask."""
     trimmed = []
     for s in samples:
         keep_p, keep_c = s["prompt_mask"].bool(), s["completion_mask"].bool()
-        t = dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c])
-        for key in LOGP_KEYS:
-            if s.get(key) is not None:
-                t[key] = s[key][keep_c]
-        trimmed.append(t)
+        trimmed.append(dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c],
+                            **{k: s[k][keep_c] for k in LOGP_KEYS if s.get(k) is not None}))
     p_len = max(t["prompt_ids"].size(0) for t in trimmed)
     c_len = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # keep at least one column to forward
-    out = []
     for t in trimmed:
-        n_p, n_c = t["prompt_ids"].size(0), t["completion_ids"].size(0)
-        mask_dtype = samples[0]["prompt_mask"].dtype
+        ones = torch.ones_like(samples[0]["prompt_mask"][:1])
+        t["prompt_mask"] = _pad_to(ones.expand(t["prompt_ids"].size(0)), p_len, 0, left=True)
+        t["completion_mask"] = _pad_to(ones.expand(t["completion_ids"].size(0)), c_len, 0, left=False)
         t["prompt_ids"] = _pad_to(t["prompt_ids"], p_len, padding_value, left=True)
-        t["prompt_mask"] = _pad_to(torch.ones(n_p, dtype=mask_dtype, device=t["prompt_ids"].device), p_len, 0, True)
         t["completion_ids"] = _pad_to(t["completion_ids"], c_len, padding_value, left=False)
-        t["completion_mask"] = _pad_to(torch.ones(n_c, dtype=mask_dtype, device=t["prompt_ids"].device), c_len, 0,
-                                       False)
-        for key in LOGP_KEYS:
-            if t.get(key) is not None:
-                t[key] = _pad_to(t[key], c_len, 0.0, left=False)
-        out.append(t)
-    return out
+        t.update({k: _pad_to(t[k], c_len, 0.0, left=False) for k in LOGP_KEYS if t.get(k) is not None})
+    return trimmed
 
 
 def _pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
@@ -447,12 +392,8 @@ def _pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
 
 
 class ReplayBuffer:
-    """Uniform buffer: a FIFO ring of samples, drawn without replacement from a shuffled queue.
-
-    The queue is a fresh permutation of the contents after every `add`, and again whenever it runs out. With
-    capacity = one generation batch, each sample is trained on exactly `num_iterations` times: plain GRPO.
-    Adding is O(1) per sample (a slot in a ring), sampling is one vectorised draw.
-    """
+    """Uniform buffer: a FIFO ring of samples, drawn without replacement from a queue that is a fresh permutation
+    after every `add`. With capacity = one generation batch, each sample trains `num_iterations` times: plain GRPO."""
 
     def __init__(self, capacity: int, seed: int = 0):
         if capacity < 1:
@@ -492,29 +433,14 @@ class ReplayBuffer:
         self.queue_pos += n
         return [self.slots[i] for i in idx.tolist()]
 
-    def effective_sample_size(self) -> float:
-        return float(self.size)
-
-    def state_dict(self) -> dict:
-        return {"slots": self.slots[:], "next_slot": self.next_slot, "size": self.size,
-                "generator": self.generator.get_state(), "queue": self.queue, "queue_pos": self.queue_pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        if len(state["slots"]) != self.capacity:
-            raise ValueError(f"{type(self).__name__}: checkpoint capacity {len(state['slots'])} != {self.capacity}")
-        self.slots, self.next_slot, self.size = state["slots"][:], state["next_slot"], state["size"]
-        self.generator.set_state(state["generator"])
-        self.queue, self.queue_pos = state["queue"], state["queue_pos"]
-
 
 class SSRReplayBuffer(ReplayBuffer):
     """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement,
     P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), never older than max_age.
 
-    Zero-advantage samples (their group had no reward spread) carry no gradient and are counted, not stored. Ages
-    are optimizer steps since a sample was generated (its `step`), against the step the trainer is on (`advance_to`).
-    A sample older than `max_age` is evicted, oldest first, and is never drawn. |A|^alpha and the birth step live in
-    tensors beside the ring (priority 0 for an empty slot), so a draw is a single torch.multinomial over the slots.
+    Zero-advantage samples carry no gradient: counted, not stored. Ages are optimizer steps since a sample was made,
+    against the trainer's step (`advance_to`); one older than `max_age` is evicted and never drawn. |A|^alpha and the
+    birth step live in tensors beside the ring (0 for an empty slot), so a draw is one torch.multinomial.
     """
 
     def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
@@ -538,17 +464,12 @@ class SSRReplayBuffer(ReplayBuffer):
             self._store(s)
 
     def advance_to(self, step: int) -> None:
-        """Move the buffer's clock to optimizer step `step` and evict every sample older than max_age.
-
-        Samples arrive in step order, so the too-old ones are the oldest: they leave from the tail of the ring."""
-        self.now = step
-        while self.max_age is not None and self.size and step - self.born[self._oldest()] > self.max_age:
-            oldest = self._oldest()
+        """Move the clock to optimizer step `step` and evict every sample older than max_age. Samples arrive in step
+        order, so the too-old ones are the oldest: they leave from the tail of the ring."""
+        self.now, oldest = step, (self.next_slot - self.size) % self.capacity
+        while self.max_age is not None and self.size and step - self.born[oldest] > self.max_age:
             self.slots[oldest], self.priorities[oldest] = None, 0.0
-            self.size -= 1
-
-    def _oldest(self) -> int:
-        return (self.next_slot - self.size) % self.capacity
+            self.size, oldest = self.size - 1, (oldest + 1) % self.capacity
 
     def _weights(self) -> torch.Tensor:
         """Draw weight of every slot (0 for empty slots). (capacity,)"""
@@ -573,30 +494,12 @@ class SSRReplayBuffer(ReplayBuffer):
         idx = torch.multinomial(weights, n, replacement=True, generator=self.generator)
         return [self.slots[i] for i in idx.tolist()]
 
-    def effective_sample_size(self) -> float:
-        """1 / sum P(i)^2: how many samples the priority distribution is worth; equals size when uniform."""
-        weights = self._weights()
-        total = weights.sum()
-        return float(total ** 2 / (weights ** 2).sum()) if total > 0 else 0.0
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "priorities": self.priorities.clone(), "born": self.born.clone(),
-                "now": self.now, "rejected": self.rejected}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.priorities, self.born = state["priorities"].clone(), state["born"].clone()
-        self.now, self.rejected = state["now"], state["rejected"]
-
 
 def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: float = 0.0,
                       max_age: Optional[int] = None) -> torch.Tensor:
-    """SSR's draw weights from the priorities |A|^alpha (0 marks an empty slot): times exp(-age / age_decay), and 0
-    past max_age. (N,), (N,) -> (N,).
-
-    The decay (freshness-aware replay, arXiv 2604.16918) is measured from the youngest stored sample, which rescales
-    every weight by the same factor: the probabilities are unchanged, and old samples cannot all underflow to 0.
-    """
+    """SSR's draw weights: the priorities |A|^alpha (0 marks an empty slot) times exp(-age / age_decay), and 0 past
+    max_age. (N,), (N,) -> (N,). The decay (arXiv 2604.16918) counts from the youngest sample: the probabilities are
+    the same, and old samples cannot all underflow to 0."""
     weights = priorities
     if age_decay > 0:
         youngest = age[priorities > 0].min() if bool((priorities > 0).any()) else age.new_zeros(())
@@ -606,37 +509,111 @@ def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: fl
     return weights
 
 
-def make_buffer(cfg: GRPOConfig, seed: Optional[int] = None) -> ReplayBuffer:
+def make_buffer(cfg: AlgorithmConfig, seed: int = 0) -> ReplayBuffer:
     """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
-    seed = cfg.seed if seed is None else seed
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
         return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed,
                                max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
     return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# 7. One optimizer step: generate, score, compute advantages, assemble the batch from the buffer, and update.
-# ----------------------------------------------------------------------------------------------------------------------
+# 7. The step: generate, score, compute advantages, assemble the batch from the buffer, and update.
+
+class PromptSampler:
+    """Walks the dataset in a fresh seeded permutation each epoch; its state is two integers (epoch, pos)."""
+
+    def __init__(self, num_rows: int, seed: int):
+        self.num_rows, self.seed, self.epoch, self.pos = num_rows, seed, 0, 0
+
+    def next_indices(self, n: int) -> list[int]:
+        out = []
+        while len(out) < n:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_rows)
+            take = order[self.pos:self.pos + n - len(out)]
+            out.extend(int(i) for i in take)
+            self.pos += len(take)
+            if self.pos == self.num_rows:
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
+
+
+
+class Dist:
+    """This process's place in a run: the only one. Part II's `Torchrun` gives these the collectives of
+    torch.distributed under torchrun; every multi-process line of the step goes through them."""
+    world_size, rank, main = 1, 0, True
+
+    def reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        return list(values)  # each value summed (or maxed) over the processes
+
+    def any(self, flag: bool) -> bool:
+        return bool(self.reduce([float(flag)], "max")[0])  # true on every process when true on any
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """HF's linear schedule: warm up from 0 over warmup_steps, then decay to 0 at max_steps."""
+    warm, total = cfg.warmup_steps, cfg.max_steps
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: step / warm if step < warm else max(0.0, (total - step) / max(1, total - warm)))
+
 
 class GRPOStep:
-    """The algorithm's part of the trainer: one generation batch and one optimizer step. GRPOTrainer (Part II) builds
-    its state (model, tokenizer, reward functions, buffer, optimizer) and runs the steps.
+    """A run's state and its optimizer step. Give it a model, its tokenizer, reward functions, a config and prompt
+    rows ({"prompt": ...} and the columns the rewards read); the buffer, optimizer and schedule default to the
+    config's. Each `train_step()` generates when due, then takes one AdamW step.
 
     Cadence (the seed's): a generation batch every `num_iterations` steps, or whenever a step has nothing to train on.
-    With `ssr_mode` replace, every micro-batch is drawn from the buffer. With fill, a step trains the latest generation
-    batch (`self.fresh`): its non-zero samples every time, and a buffer draw in the slot of each zero-advantage one
-    (which keeps its own sample when nothing may be drawn, as in plain GRPO). With num_iterations > 1 the same fresh
-    samples train in each of the batch's steps, with new draws each time. With dynamic sampling, a step trains the
-    groups with spread that `refill_dynamic` kept.
+    With the uniform buffer (plain GRPO) a step trains its generation batch; with SSR's replace, every micro-batch is
+    drawn from the buffer; with fill, a step trains its batch's non-zero samples and a buffer draw in the slot of each
+    zero-advantage one (which keeps its own sample when nothing may be drawn).
     """
+
+    def __init__(self, model, tokenizer, reward_funcs: list[Callable], cfg: AlgorithmConfig, dataset: list[dict], *,
+                 reward_weights: Optional[list[float]] = None, buffer: Optional[ReplayBuffer] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, ref_model=None, seed: int = 0,
+                 autocast: Callable = nullcontext, dist: Optional[Dist] = None, logprobs_class=LogProbs):
+        self.model, self.tokenizer, self.cfg, self.dataset, self.autocast = model, tokenizer, cfg, dataset, autocast
+        self.reward_funcs = list(reward_funcs)
+        self.reward_weights = list(reward_weights or [1.0] * len(self.reward_funcs))
+        self.dist, self.device = Dist() if dist is None else dist, next(model.parameters()).device
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        if cfg.beta > 0 and ref_model is None:  # the KL's anchor: the initial model, frozen
+            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.ref_model = ref_model if cfg.beta > 0 else None
+        self.logprobs = self.policy = logprobs_class(model, cfg.temperature)  # Part II wraps `policy` in DDP
+        self.ref_logprobs = None if self.ref_model is None else logprobs_class(self.ref_model, cfg.temperature)
+        self.prompt_sampler = PromptSampler(len(dataset), seed)
+        self.buffer = make_buffer(cfg, seed + self.dist.rank) if buffer is None else buffer  # one for each process
+        self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(
+            model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.scheduler = linear_schedule(self.optimizer, cfg) if scheduler is None else scheduler
+        # With the uniform buffer and with fill at num_iterations 1, every sample a generation batch contributes trains
+        # in the step that made it, before any update: the first training forward then gives its old log-probs.
+        self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
+        self.old_from_training = type(self.buffer) is ReplayBuffer or (self.fill and cfg.num_iterations == 1)
+        # dapo divides by all processes' tokens and DDP averages gradients over them: scale back up by their number
+        self.loss_scale = self.dist.world_size if cfg.loss_type == "dapo" else 1
+        self.loss_settings = dict(epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
+                                  loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
+                                  max_completion_length=cfg.max_completion_length)
+        self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
+        self.step = self.generations = self.sample_uid = 0  # skipped steps count too, so max_steps bounds the run
+        self.last_gen_metrics: dict[str, float] = {}
+        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0,
+                         **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
+
+    def record(self, metrics: dict, trained: list[dict]) -> dict:
+        """A hook: Part II adds what the step trained on (how much is replayed, how old, how far off-policy) and the
+        buffer's state. `trained` holds each micro-batch's samples, log-probs, old log-probs and mask."""
+        return metrics
 
     @torch.no_grad()
     def generate_batch(self) -> list[dict]:
         """Sample one generation batch, score it, compute its advantages and its old and reference log-probs, and
-        return it as single samples ready for the buffer."""
-        cfg, tok = self.cfg, self.tokenizer
-        rows = self._next_prompts()  # this process's share of the prompt order
+        return it as single samples ready for the buffer. Each process takes its own whole groups of prompts."""
+        cfg, tok, n = self.cfg, self.tokenizer, self.cfg.generation_batch_size // self.cfg.num_generations
+        order = self.prompt_sampler.next_indices(n * self.dist.world_size)
+        rows = [self.dataset[i] for i in order[self.dist.rank * n:(self.dist.rank + 1) * n]]
         self.model.eval()
         with self.autocast():  # a chat template writes its own BOS: do not add a second one
             batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
@@ -644,54 +621,56 @@ class GRPOStep:
                                          add_special_tokens=isinstance(rows[0]["prompt"], str), eos_ids=self.eos_ids)
         self.model.train()
         rewards, per_func, completions = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
-                                                           self.reward_weights, warned=self.warned_none)
+                                                           self.reward_weights)
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
-        # The behaviour policy's log-probs, the "old" ones of the ratio, kept with each sample for when it is replayed.
-        # None where every sample is provably trained in this step before any update: its first training forward
-        # then gives them (see `old_from_training`), and no separate forward is needed.
+        # The behaviour policy's log-probs, the ratio's "old" ones, kept with each sample for when it is replayed
         batch["old_per_token_logps"] = None if self.old_from_training else self._logps(self.logprobs, batch)
         batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
-        self._record_generation(batch, rows, rewards, per_func, completions, advantages)  # tags, metrics, log
+        self.record_generation(batch, rows, rewards, per_func, completions, advantages)
         return split_tensor_dict(batch)
 
+    def record_generation(self, batch: dict, rows: list[dict], rewards: torch.Tensor, per_func: torch.Tensor,
+                          completions: list, advantages: torch.Tensor) -> None:
+        """Tag each sample (uid, generation batch, and step: SSR's ages count from it) and measure the batch."""
+        n, ended = len(rewards), torch.isin(batch["completion_ids"], torch.tensor(self.eos_ids, device=self.device))
+        batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
+        batch["generation"], batch["step"] = [self.generations] * n, [self.step] * n
+        self.sample_uid, self.generations = self.sample_uid + n, self.generations + 1
+        self.counters["reward_nan"] += int(per_func.isnan().sum())
+        self.last_gen_metrics = {  # the reward's mean and std leave out unscorable completions (NaN), as TRL's
+            "reward": rewards.nanmean().item(), "reward_std": nanstd(rewards, dim=0).item(),
+            "frac_reward_unscorable": rewards.isnan().float().mean().item(),
+            "frac_reward_zero_std": zero_spread_groups(rewards, self.cfg.num_generations).float().mean().item(),
+            "completion_length": batch["completion_mask"].sum(1).float().mean().item(),
+            "frac_truncated": 1 - ended.any(1).float().mean().item(), "completions": float(n),
+            "adv_abs_fresh": advantages.abs().mean().item()}
+
     def _logps(self, logprobs: torch.nn.Module, batch: dict) -> torch.Tensor:
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with self.autocast():
-            return logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
+            return logprobs(torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+                            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                            batch["completion_ids"].size(1))
 
     def refill(self) -> int:
         """Generate into the buffer, again (at most max_generation_retries times) while the step still has nothing
-        to train on. Returns the retries. The step's generation metrics average over every batch it made."""
-        if self.cfg.dynamic_sampling:
-            return self.refill_dynamic()
-        self.fresh = self.generate_batch()
-        self.buffer.add(self.fresh)
-        batches, retries = [self.last_gen_metrics], 0
-        while retries < self.cfg.max_generation_retries and self.dist.any(not self._can_train()):  # all ranks retry
-            retries += 1
+        to train on. Returns the retries; the step's generation metrics average over every batch it made."""
+        batches = []
+        while not batches or (len(batches) <= self.cfg.max_generation_retries and self.dist.any(not self.can_train())):
             self.fresh = self.generate_batch()
             self.buffer.add(self.fresh)
             batches.append(self.last_gen_metrics)
-        self._average_gen_metrics(batches)
-        return retries
+        self.last_gen_metrics = mean_metrics(batches)
+        return len(batches) - 1
 
-    def _can_train(self) -> bool:
-        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one;
-        dynamic sampling, a kept group."""
-        if self.cfg.dynamic_sampling:
-            return len(self.fresh) > 0
-        if self.fill and any(float(s["advantages"]) != 0 for s in self.fresh):
-            return True
-        return self.buffer.can_serve(self.cfg.per_device_train_batch_size)
+    def can_train(self) -> bool:
+        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one."""
+        return (self.fill and any(float(s["advantages"]) != 0 for s in self.fresh)) or \
+            self.buffer.can_serve(self.cfg.per_device_train_batch_size)
 
-    def _micro_batches(self) -> list[list[dict]]:
+    def micro_batches(self) -> list[list[dict]]:
         """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
-        cfg = self.cfg
-        n, k = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
-        if cfg.dynamic_sampling:  # the kept groups, in slices; a part batch has fewer micro-batches
-            return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
+        n, k = self.cfg.per_device_train_batch_size, self.cfg.gradient_accumulation_steps
         if not self.fill:
             return [self.buffer.sample(n) for _ in range(k)]
         keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
@@ -706,99 +685,120 @@ class GRPOStep:
         its micro-batches, and update the weights. Returns the step's metrics."""
         cfg, start = self.cfg, time.perf_counter()
         self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
-        retries, generated = 0, False
-        if self.dist.any(self.step % cfg.num_iterations == 0 or not self._can_train()):  # all ranks or none
-            retries, generated = self.refill(), True
+        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks or none
+        retries = self.refill() if generated else 0
         metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
                    "generation_retries": retries}
-        if self.dist.any(not self._can_train()):
-            return self._skip_step(metrics, retries, start)  # nothing to train on even after the retries
-        micro_batches = self._micro_batches()
-        if cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(carries_signal(micro_batches)):
-            return self._skip_empty_step(metrics, micro_batches, start)
-        tokens = [completion_tokens(mb) for mb in micro_batches]
+        micro_batches = self.micro_batches() if not self.dist.any(not self.can_train()) else []
+        some_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # beta 0: the only gradient
+        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(some_signal)
+        if not micro_batches or empty:  # nothing to train on, even after the retries; or, skipped, no signal
+            # (every advantage 0 with beta 0: the gradient is exactly 0, yet AdamW would move the weights along its
+            # momentum, so there is no forward and no update; the schedule still advances)
+            self.counters["empty_steps_skipped" if micro_batches else "skipped_steps"] += 1
+            self._advance_schedule(stepped=False)
+            if micro_batches:
+                metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1,
+                               learning_rate=self.scheduler.get_last_lr()[0])
+            else:
+                print(f"warning: step {self.step} skipped: nothing to train on after {retries} retries (every "
+                      "group had zero reward spread, or no reward function scored a completion)", file=sys.stderr)
+            metrics = self.record({**metrics, "skipped": 1, **self.counters}, [{"samples": mb} for mb in micro_batches])
+            return {**metrics, "step_time": time.perf_counter() - start}
+        tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
         step_tokens = sum(self.dist.reduce(tokens))  # dapo divides by the whole step's tokens, every rank's
+        rows = sum(len(mb) for mb in micro_batches)  # grpo and dr_grpo by its rows: each weighs the same
         trained = []
         for i, samples in enumerate(micro_batches):
             batch, first = stack(samples, self.tokenizer.pad_token_id)  # first: rows trained for the first time
-            with self._gradient_sync(last=i == len(micro_batches) - 1):  # under torchrun, sync once per step
+            last = i == len(micro_batches) - 1  # under torchrun gradients sync once a step, in the last backward
+            with nullcontext() if last or self.dist.world_size == 1 else self.policy.no_sync():
                 logps = self._logps(self.policy, batch)  # (B, C)
                 old = old_logps(samples, batch, logps, first)
                 loss, stats = grpo_loss(logps, old, batch["advantages"], batch["completion_mask"],
                                         ref_per_token_logps=batch["ref_per_token_logps"],
                                         num_micro_batches=len(micro_batches), num_items_in_batch=step_tokens,
-                                        micro_batch_tokens=tokens[i], **self.loss_settings)
+                                        micro_batch_tokens=tokens[i], num_sequences=rows, **self.loss_settings)
                 (loss * self.loss_scale).backward()
             trained.append({"samples": samples, "loss": loss.item() * self.loss_scale, "stats": stats,
                             "logps": logps.detach(), "old": old, "mask": batch["completion_mask"]})
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        updated = self._update(sum(t["loss"] for t in trained), grad_norm)
-        return {**metrics, **self._step_metrics(trained, grad_norm, updated), "step_time": time.perf_counter() - start}
-
-    @property
-    def loss_settings(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return dict(epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta, loss_type=cfg.loss_type,
-                    use_bias_correction_kl=cfg.use_bias_correction_kl, max_completion_length=cfg.max_completion_length)
-
-    def _update(self, loss: float, grad_norm: torch.Tensor) -> bool:
-        """AdamW's step, unless the loss or the gradient is not finite (then the update is skipped, and counted)."""
-        finite = not self.dist.any(not math.isfinite(loss)) and torch.isfinite(grad_norm).item()  # synced: all agree
+        loss = sum(t["loss"] for t in trained)
+        finite = not self.dist.any(not math.isfinite(loss)) and torch.isfinite(grad_norm).item()  # all ranks agree
         if finite:
             self.optimizer.step()
-        else:
+        else:  # skipped, and counted
             self.counters["nonfinite_steps"] += 1
-            print(f"warning: step {self.step + 1}: non-finite loss or gradient; the update was skipped",
-                  file=sys.stderr)
+            print(f"warning: step {self.step + 1}: non-finite loss or gradient; no update", file=sys.stderr)
         self.optimizer.zero_grad(set_to_none=True)
         self._advance_schedule(stepped=finite)
-        return finite
+        metrics.update(loss=loss, grad_norm=float(grad_norm), skipped=int(not finite), **self.counters,
+                       learning_rate=self.scheduler.get_last_lr()[0],
+                       **{k: sum(t["stats"][k].item() / len(trained) for t in trained) for k in trained[0]["stats"]})
+        return {**self.record(metrics, trained), "step_time": time.perf_counter() - start}
+
+    def _advance_schedule(self, stepped: bool) -> None:
+        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
+        self.step += 1
+        with warnings.catch_warnings():
+            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            self.scheduler.step()
 
 
 def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
     """Repad and stack a micro-batch. Also returns the rows without stored old log-probs (samples generated in this
-    step and trained here first), which hold zeros until `old_logps` fills them from the training forward."""
+    step and trained here first): they hold zeros until `old_logps` fills them from the training forward."""
     padded = repad(samples, pad_id)
     first = [i for i, s in enumerate(padded) if s["old_per_token_logps"] is None]
-    stored = next((s["old_per_token_logps"] for s in padded if s["old_per_token_logps"] is not None), None)
-    for i in first if stored is not None else ():  # a mixed micro-batch stacks only with a placeholder
-        padded[i]["old_per_token_logps"] = torch.zeros_like(stored)
+    for i in first:
+        padded[i]["old_per_token_logps"] = torch.zeros_like(padded[i]["completion_ids"], dtype=torch.float32)
     return combine_tensor_dict(padded), first
 
 
 def old_logps(samples: list[dict], batch: dict, logps: torch.Tensor, first: list[int]) -> torch.Tensor:
     """The old log-probs of a micro-batch (B, C): the stored ones, and for the rows trained for the first time this
-    forward's own, detached (the weights have not changed since those samples were generated). Those are stored with
+    forward's own, detached (the weights have not changed since those samples were made), which are then stored with
     each sample, in its own padding, for its later steps and replays."""
-    if not first:
-        return batch["old_per_token_logps"]
-    current = logps.detach()
-    rows = torch.zeros(len(samples), 1, dtype=torch.bool, device=current.device)
+    current, rows = logps.detach(), torch.zeros(len(samples), 1, dtype=torch.bool, device=logps.device)
     rows[first] = True
-    old = current if batch["old_per_token_logps"] is None else torch.where(rows, current, batch["old_per_token_logps"])
     for i in first:
-        mask = samples[i]["completion_mask"]
-        n = int(mask.sum())
-        samples[i]["old_per_token_logps"] = F.pad(current[i, :n], (0, mask.numel() - n))
-    return old
+        n = int(samples[i]["completion_mask"].sum())
+        samples[i]["old_per_token_logps"] = F.pad(current[i, :n], (0, samples[i]["completion_mask"].numel() - n))
+    return torch.where(rows, current, batch["old_per_token_logps"])
 
 
-def carries_signal(micro_batches: list[list[dict]]) -> bool:
-    """Whether any sample of the step has a non-zero advantage (with beta 0, the only source of a gradient)."""
-    return any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
+def mean_metrics(batches: list[dict]) -> dict[str, float]:
+    """A step's generation metrics over its generation batches: the mean of each, and the sum of the completions."""
+    with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {k: float((np.sum if k == "completions" else np.nanmean)([b[k] for b in batches])) for k in batches[0]}
 
 
-def completion_tokens(samples: list[dict]) -> float:
-    return float(sum(s["completion_mask"].sum() for s in samples))
 
 
 # ======================================================================================================================
 # Part II: running it for real. Skip on a first read.
 #
-# Validation, devices and torchrun, the memory-lean log-prob path, models and GGUF, data sets and tasks, the other
-# rewards and their scoring, evaluation, the trainer (its state, the run loop, its bookkeeping and checkpoints), the
-# output folder and plots, resume, and the CLI.
+# Validation, devices and torchrun, the memory-lean log-prob path, models, data sets and tasks, the other rewards,
+# evaluation, the trainer (its bookkeeping, the run loop, checkpoints), the health report, the output folder and
+# plots, resume, and the CLI. Everything here builds on Part I.
 # ======================================================================================================================
+
+import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
+import difflib  # noqa: E402
+import functools  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import typing  # noqa: E402
+import weakref  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The rest of the configuration, and validation
@@ -807,192 +807,103 @@ def completion_tokens(samples: list[dict]) -> float:
 DEVICES = ("auto", "cpu", "cuda")
 
 
+class ConfigError(ValueError):
+    """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2."""
+
+
 @dataclass
 class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
+    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling (a baseline without replay): train only groups "
+                                         "with reward spread, generating more to fill the batch.")
     # --- model and data
-    model: str = _opt("tiny", "'tiny' (a small random Qwen2, offline), smollm2-135m-instruct (a preset), a Hub id or "
-                              "a local folder.")
-    dataset: str = _opt("builtin", "'builtin' (TL;DR-style prompts), 'arithmetic' or 'arithmetic:1,2,3' (sums), a "
-                                   "Hub id, or a local .json/.jsonl/.csv/.parquet file.")
+    model: str = _opt("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
+    dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), arithmetic or arithmetic:1,2,3 (sums), a Hub id, "
+                                   "or a local .json/.jsonl/.csv/.parquet file.")
     dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
     prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or chat messages for the chat template.")
     reward_funcs: str = _opt("reward_len", "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
                                            "importable path such as my_module.my_reward.")
-    reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function (--reward_weights 1.0 0.5); "
-                                                       "default all 1.0.")
+    reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function; default all 1.0.")
     seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
     device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
-    disable_dropout: bool = _opt(True, "Set every dropout probability to 0 (TRL's default): sampling and training "
-                                       "then see one policy.")
+    disable_dropout: bool = _opt(True, "Dropout off (TRL's default): sampling and training then see one policy.")
     # --- evaluation
     eval_steps: int = _opt(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
     eval_dataset: Optional[str] = _opt(None, "Held-out prompts: a split of --dataset or a local file; default the "
                                              "built-in held-out split.")
     eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
-    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt at --temperature, beside the "
-                                        "greedy one.")
-    eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by "
-                                  "side.")
+    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt, beside the greedy one.")
+    eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
     # --- efficiency
-    bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it warns and "
-                             "stays float32).")
-    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model (more only slow it down "
-                                            "on a busy CPU), else torch's own setting.")
-    logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-prob computation "
-                                       "(chunk x vocabulary x 4 bytes).")
+    bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it stays float32).")
+    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else a thread per "
+                                            "core. On a busy machine pass 1.")
+    logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
     # --- output and checkpoints
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one.")
     logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = _opt(False, "Append each logging step's prompts, completions, rewards and advantages to "
+    log_completions: bool = _opt(False, "Append each logging step's completions, rewards and advantages to "
                                         "completions.jsonl.")
-    num_completions_to_print: int = _opt(4, "With --log_completions, completions printed each logging step; 0: none.")
+    num_completions_to_print: int = _opt(4, "With --log_completions, completions printed each logging step.")
     save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
     save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints; default keeps all.")
     resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder, or 'last' in --output_dir: continue that "
                                                        "run with its own settings.")
 
     def __new__(cls, *args, **kwargs):
-        # Before the dataclass's __init__, which would answer a TRL option it lacks with a bare TypeError.
+        # Before the dataclass's __init__, which would answer an option it lacks (a TRL one, say) with a bare TypeError
         if args:
             raise ConfigError("GRPOConfig takes keyword arguments only, e.g. GRPOConfig(output_dir='runs/mine')")
         for name in kwargs:
             if name not in cls.__dataclass_fields__:
-                raise ConfigError(unsupported_option(name) or unknown_option(name))
+                raise ConfigError(not_a_field(name))
         return super().__new__(cls)
 
     def __post_init__(self):
         check_types(self)
 
 
-NO_FLAG_HELP = {"scale_rewards": "Do not divide by the group's reward std: advantages are r - mean(group), as in "
-                                 "Dr. GRPO (TRL's scale_rewards='none')."}
+def not_a_field(name: str, prefix: str = "") -> str:
+    """One line for an option this file does not have, whatever library it comes from (TRL, transformers)."""
+    close = difflib.get_close_matches(name, list(GRPOConfig.__dataclass_fields__), n=1, cutoff=0.88)  # typos only
+    return (f"{prefix}{name} is not a field of GRPOConfig (python grpo_ssr.py --help lists them)"
+            + (f"; did you mean {prefix}{close[0]}?" if close else ""))
 
 
 FROM_PYTHON = "passed from Python"
 SCALE_REWARDS = {"group": "group", "true": "group", "batch": "batch", "none": "none", "false": "none"}
 
-# TRL's and transformers' options that this file does not implement, with what to use instead. Any other TRL GRPOConfig
-# or transformers TrainingArguments field gets a general answer (unsupported_option), never a "did you mean" guess.
-TRL_ADVICE = {
-    "num_train_epochs": "grpo_ssr counts optimizer steps; use max_steps",
-    "max_length": "use max_prompt_length and max_completion_length",
-    "report_to": "every step's metrics go to output_dir/metrics.jsonl, plotted in metrics.png; read those",
-    "logging_dir": "metrics go to output_dir/metrics.jsonl; use output_dir",
-    "run_name": "use output_dir",
-    "logging_strategy": "use logging_steps (metrics.jsonl gets every step)",
-    "save_strategy": "use save_steps",
-    "eval_strategy": "use eval_steps (0 turns evaluation off)",
-    "per_device_eval_batch_size": "use eval_max_prompts and eval_num_generations",
-    "num_generations_eval": "use eval_num_generations",
-    "gradient_checkpointing": "use a smaller per_device_train_batch_size with more gradient_accumulation_steps, or a "
-                              "smaller logits_chunk_size",
-    "fp16": "use bf16",
-    "use_cpu": "use device='cpu'",
-    "lr_scheduler_type": "the schedule is HF's 'linear' (decay to 0 over max_steps, after warmup_steps)",
-    "warmup_ratio": "use warmup_steps (optimizer steps)",
-    "optim": "the optimizer is torch's AdamW with its defaults; use learning_rate and weight_decay",
-    "adam_beta1": "AdamW keeps torch's betas (0.9, 0.999)", "adam_beta2": "AdamW keeps torch's betas (0.9, 0.999)",
-    "adam_epsilon": "AdamW keeps torch's eps 1e-8",
-    "generation_batch_size": "a generation batch is per_device_train_batch_size x gradient_accumulation_steps",
-    "steps_per_generation": "use gradient_accumulation_steps and num_iterations",
-    "top_k": "sampling uses softmax(logits / temperature) alone, the distribution the log-probs describe; use "
-             "temperature",
-    "push_to_hub": "the model is saved in output_dir; upload it with huggingface_hub",
-    "model_init_kwargs": "pass a loaded model as model= with its tokenizer as processing_class=",
-    "use_vllm": "grpo_ssr samples with its own decode loop, not vLLM; leave it out",
-    "deepspeed": "several GPUs work through torchrun and plain DDP; leave it out",
-    "multi_objective_aggregation": "rewards are weighted and summed, then normalised (TRL's 'sum_then_normalize')",
-    "importance_sampling_level": "ratios are per token (TRL's 'token'); leave it out",
-    "remove_unused_columns": "every data set column reaches the reward functions; leave it out",
-    "shuffle_dataset": "prompts are walked in a fresh seeded permutation each epoch; use seed",
-}
-for _name in ("top_p", "min_p", "repetition_penalty", "generation_kwargs"):
-    TRL_ADVICE[_name] = TRL_ADVICE["top_k"]
-for _name in ("fsdp", "fsdp_config"):
-    TRL_ADVICE[_name] = TRL_ADVICE["deepspeed"]
-TRL_ADVICE.update(no_cuda=TRL_ADVICE["use_cpu"], hub_model_id=TRL_ADVICE["push_to_hub"],
-                  trust_remote_code=TRL_ADVICE["model_init_kwargs"])
-TRL_ONLY_FIELDS = (  # TRL 1.16's GRPOConfig, less what this file has and what transformers' TrainingArguments has
-    "model_init_kwargs trust_remote_code router_aux_loss_coef cast_lm_head_to_fp32 num_generations_eval "
-    "ds3_gather_for_generation shuffle_dataset pad_to_multiple_of generation_batch_size steps_per_generation top_p "
-    "top_k min_p generation_kwargs chat_template_kwargs repetition_penalty cache_implementation use_vllm delta "
-    "sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg "
-    "importance_sampling_level multi_objective_aggregation mask_truncated_completions sync_ref_model "
-    "ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile entropy_coef use_adaptive_entropy "
-    "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations off_policy_mask_threshold "
-    "log_multimodal log_unique_prompts log_completions_hub_repo use_transformers_continuous_batching "
-    "transformers_continuous_batching_config use_transformers_paged").split()
-
-
-def unsupported_option(name: str, prefix: str = "") -> Optional[str]:
-    """One line for a TRL or transformers option that this file does not implement; None if `name` is neither."""
-    advice = TRL_ADVICE.get(name)
-    if advice is None and (name in TRL_ONLY_FIELDS or name.startswith("vllm_")):
-        advice = "TRL's GRPOConfig has it, grpo_ssr does not; python grpo_ssr.py --help lists what it has"
-    if advice is None:
-        from transformers import TrainingArguments
-
-        if name in {f.name for f in dataclasses.fields(TrainingArguments)}:
-            advice = "transformers' TrainingArguments has it, grpo_ssr does not; python grpo_ssr.py --help lists " \
-                     "what it has"
-    return None if advice is None else f"{prefix}{name} is not supported: {advice}"
-
-
-def unknown_option(name: str) -> str:
-    close = difflib.get_close_matches(name, list(GRPOConfig.__dataclass_fields__), n=1)
-    return f"GRPOConfig has no option {name!r}" + (f"; did you mean {close[0]}?" if close else "")
-
-
-def _type_ok(value, kind) -> bool:
-    """Whether `value` is of the annotated type: an int is not a float's only form, but a bool is no number here."""
-    if typing.get_origin(kind) is typing.Union:  # Optional[X]
-        return value is None or any(_type_ok(value, k) for k in typing.get_args(kind) if k is not type(None))
-    if typing.get_origin(kind) is list:
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, typing.get_args(kind)[0]) for v in value)
-    if kind in (int, float):
-        return isinstance(value, numbers.Integral if kind is int else numbers.Real) and not isinstance(value, bool)
-    return isinstance(value, kind) if isinstance(kind, type) else True
-
-
-TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
 
 def check_types(cfg: GRPOConfig) -> None:
-    """Every field against its annotation, once, when the config is made (from Python, the CLI or a checkpoint's
-    grpo_config.json): max_steps=2.5 or learning_rate="1e-5" is refused naming the field, not truncated or failed
-    on deep inside. scale_rewards is first brought to TRL's words (True -> "group", False -> "none")."""
-    _check(isinstance(cfg.scale_rewards, (bool, str)) and str(cfg.scale_rewards).lower() in SCALE_REWARDS,
-           "scale_rewards", cfg.scale_rewards, "choose one of group, batch, none (or true, false)")
-    cfg.scale_rewards = SCALE_REWARDS[str(cfg.scale_rewards).lower()]
+    """Every field against its own annotation, once, when the config is made (from Python, the CLI or a checkpoint):
+    max_steps=2.5 or learning_rate="1e-5" is refused naming the field. An int is a float's value too; a bool is no
+    number. scale_rewards takes TRL's bools too (True -> "group", False -> "none")."""
+    if isinstance(cfg.scale_rewards, bool) or str(cfg.scale_rewards).lower() in SCALE_REWARDS:
+        cfg.scale_rewards = SCALE_REWARDS[str(cfg.scale_rewards).lower()]
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
-        value, kind = getattr(cfg, f.name), hints[f.name]
+        value, kinds = getattr(cfg, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
         if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
-            value = value.item()
-            setattr(cfg, f.name, value)
-        if f.name == "reward_weights" and isinstance(value, str):  # the comma-separated form older runs recorded
-            continue
-        if not _type_ok(value, kind):
-            base = next((k for k in typing.get_args(kind) if k is not type(None)), kind)
-            word = TYPE_WORDS.get(base, "a list of numbers" if typing.get_origin(base) is list else str(base))
-            quoted = isinstance(value, str) and base in (int, float) and _parses_as(base, value)
+            setattr(cfg, f.name, value := value.item())
+        base = next(k for k in kinds if k is not type(None))
+        item = typing.get_args(base)[0] if typing.get_origin(base) is list else None
+        ok = (value is None and type(None) in kinds) or (
+            isinstance(value, (list, tuple)) and all(_is(v, item) for v in value) if item else _is(value, base))
+        if not ok:
+            word = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(base, "a list "
+                                                                                                       "of numbers")
             raise ConfigError(f"--{f.name} {value!r} is invalid: must be {word}"
-                              f"{' or None' if base is not kind else ''}, not {type(value).__name__}"
-                              f"{' (write it without quotes)' if quoted else ''}")
+                              f"{' or None' if type(None) in kinds else ''}, not {type(value).__name__}")
+    _check(cfg.scale_rewards in SCALE_REWARDS.values(), "scale_rewards", cfg.scale_rewards,
+           "choose one of group, batch, none (or true, false)")
 
 
-def _parses_as(kind: type, text: str) -> bool:
-    try:
-        kind(text)
-        return True
-    except ValueError:
-        return False
-
-
-class ConfigError(ValueError):
-    """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2."""
+def _is(value, kind) -> bool:
+    if kind in (int, float):
+        return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
@@ -1000,58 +911,41 @@ def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
         raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
 
 
+# The least value of each bounded field (a run refuses less), and the fields with a fixed set of values.
+AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "num_iterations": 1,
+            "max_prompt_length": 1, "max_completion_length": 1, "logging_steps": 1, "logits_chunk_size": 1,
+            "num_generations": 2, "save_steps": 0, "max_generation_retries": 0, "warmup_steps": 0, "beta": 0,
+            "epsilon": 0, "epsilon_high": 0, "weight_decay": 0, "ssr_alpha": 0, "ssr_capacity_scalar": 1,
+            "num_threads": 1, "save_total_limit": 1, "num_completions_to_print": 0, "ssr_max_age": 0,
+            "ssr_age_decay": 0, "eval_steps": 0, "eval_max_prompts": 0, "eval_num_generations": 1}
+ABOVE_ZERO = ("temperature", "learning_rate", "max_grad_norm")
+CHOICES = {"loss_type": LOSS_TYPES, "replay_buffer_class": tuple(BUFFER_CLASSES), "ssr_mode": SSR_MODES,
+           "device": DEVICES}
+
+
 def validate_config(cfg: GRPOConfig) -> None:
-    """Check every constrained field before any work is done. Raises ConfigError naming the option. The reward
-    functions and weights are checked by resolve_rewards."""
-    for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
-                 "max_prompt_length", "max_completion_length", "logging_steps", "logits_chunk_size"):
-        _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be a positive integer")
-    for name in ("save_steps", "max_generation_retries", "warmup_steps"):
-        _check(getattr(cfg, name) >= 0, name, getattr(cfg, name), "must be >= 0")
-    _check(cfg.num_generations >= 2, "num_generations", cfg.num_generations, "must be >= 2 (a group needs a spread)")
+    """Check every constrained field before any work is done; a ConfigError names the option."""
+    for name, least in AT_LEAST.items():
+        value = getattr(cfg, name)
+        _check(value is None or value >= least, name, value, f"must be >= {least}")
+    for name in ABOVE_ZERO:
+        _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be > 0")
+    for name, choices in CHOICES.items():
+        _check(getattr(cfg, name) in choices, name, getattr(cfg, name), f"choose one of {', '.join(choices)}")
     _check(cfg.generation_batch_size % cfg.num_generations == 0, "num_generations", cfg.num_generations,
            f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}")
-    _check(cfg.temperature > 0, "temperature", cfg.temperature, "must be > 0")
-    _check(cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be > 0")
-    _check(cfg.beta >= 0, "beta", cfg.beta, "must be >= 0")
-    _check(cfg.epsilon >= 0, "epsilon", cfg.epsilon, "must be >= 0")
-    _check(cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", cfg.epsilon_high, "must be >= 0")
-    _check(cfg.max_grad_norm > 0, "max_grad_norm", cfg.max_grad_norm, "must be > 0")
-    _check(cfg.weight_decay >= 0, "weight_decay", cfg.weight_decay, "must be >= 0")
-    _check(cfg.ssr_alpha >= 0, "ssr_alpha", cfg.ssr_alpha, "must be >= 0")
-    _check(cfg.ssr_capacity_scalar >= 1, "ssr_capacity_scalar", cfg.ssr_capacity_scalar, "must be >= 1")
-    _check(cfg.loss_type in LOSS_TYPES, "loss_type", cfg.loss_type, f"choose one of {', '.join(LOSS_TYPES)}")
-    _check(cfg.num_threads is None or cfg.num_threads >= 1, "num_threads", cfg.num_threads,
-           "must be >= 1 (or left unset for the default)")
-    _check(cfg.replay_buffer_class in BUFFER_CLASSES, "replay_buffer_class", cfg.replay_buffer_class,
-           f"choose one of {', '.join(BUFFER_CLASSES)}")
-    _check(cfg.device in DEVICES, "device", cfg.device, f"choose one of {', '.join(DEVICES)}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
-    _check(cfg.save_total_limit is None or cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit,
-           "must be >= 1 (or left out to keep every checkpoint)")
-    _check(cfg.num_completions_to_print >= 0, "num_completions_to_print", cfg.num_completions_to_print,
-           "must be >= 0")
-    # SSR's batch mode and sample freshness
-    _check(cfg.ssr_mode in SSR_MODES, "ssr_mode", cfg.ssr_mode, f"choose one of {', '.join(SSR_MODES)}")
-    _check(cfg.ssr_max_age is None or cfg.ssr_max_age >= 0, "ssr_max_age", cfg.ssr_max_age,
-           "must be >= 0 (optimizer steps), or left unset for no age limit")
-    _check(cfg.ssr_age_decay >= 0, "ssr_age_decay", cfg.ssr_age_decay, "must be >= 0 (0 turns the decay off)")
     if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
         raise ConfigError("--dynamic_sampling is a baseline without replay: use it with --replay_buffer_class "
                           "ReplayBuffer")
     if cfg.dataset.startswith("arithmetic"):
         _check(arithmetic_levels(cfg.dataset) is not None, "dataset", cfg.dataset,
-               f"write arithmetic or arithmetic:LEVELS with levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
-    # evaluation
-    _check(cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be >= 0 (0 turns evaluation off)")
-    _check(cfg.eval_max_prompts >= 0, "eval_max_prompts", cfg.eval_max_prompts, "must be >= 0 (0 scores all)")
-    _check(cfg.eval_num_generations >= 1, "eval_num_generations", cfg.eval_num_generations, "must be >= 1")
+               f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
 
 
 def check_positions(cfg: GRPOConfig, model) -> None:
-    """A prompt and its completion must fit in the model's positions (when its config says how many): refused, not
-    capped, so that the run does what its settings say."""
+    """A prompt and its completion must fit in the model's positions: refused, not capped."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     total = cfg.max_prompt_length + cfg.max_completion_length
     if isinstance(limit, int) and total > limit:
@@ -1060,18 +954,12 @@ def check_positions(cfg: GRPOConfig, model) -> None:
                           "(max_position_embeddings): lower one of them")
 
 
-def resolve_rewards(cfg: GRPOConfig, funcs: Optional[list[Callable]] = None,
-                    weights: Optional[list[float]] = None) -> tuple[list[Callable], list[float]]:
-    """The reward functions (those passed from Python, else --reward_funcs, imported now so that a typo stops the run
-    before any work) and their weights (those passed, else --reward_weights, else 1.0 each), one per function."""
-    funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
-    funcs = [g for f in funcs for g in (resolve_reward_funcs(f) if isinstance(f, str) else [f])]  # names: imported
-    for f in funcs:
-        _check(callable(f), "reward_funcs", f, "give functions, their names, or importable paths")
-    given = weights if weights is not None else cfg.reward_weights
-    weights = reward_weight_list(given) or [1.0] * len(funcs)
-    _check(len(weights) == len(funcs), "reward_weights", given, f"give {len(funcs)} number(s), one per reward function")
-    return funcs, weights
+def one_line(e: BaseException) -> str:
+    """The first line of the innermost exception: what a library's long traceback is really about."""
+    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+        e = e.__cause__ or e.__context__
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1080,25 +968,17 @@ def resolve_rewards(cfg: GRPOConfig, funcs: Optional[list[Callable]] = None,
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX). Without either, torch emulates bf16, and CPU
-    autocast is far slower than float32: a step of the CPU recipe took about 100 s under bf16 against 12 s in float32
-    on a 2-core AMD EPYC with AVX2 only (one thread, 2026-12-01). Most laptops have neither."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own checks
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+    autocast is many times slower than float32 (tests/benchmarks/bench_bf16_cpu.py). Most laptops have neither."""
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
+                                                                         "_is_amx_tile_supported"))
 
 
 def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[int] = None) -> tuple[torch.device, Any]:
-    """Return the device and the autocast context to run the model under: bf16 on GPUs that support it, and on a
-    CPU when `bf16` is set and the CPU has bf16 instructions (the weights and the optimizer stay float32 either way).
-    On a CPU without them `bf16` only warns: float32 is the faster choice there. `num_threads` sets torch's CPU
-    threads (None leaves them as they are; see `thread_count`)."""
+    """The device and the autocast to run the model under: bf16 on GPUs that support it, and on a CPU with bf16
+    instructions when `bf16` is set (weights and optimizer stay float32). `num_threads` sets torch's CPU threads."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    threads = torch.get_num_threads()
-    if device.type == "cpu" and threads > 1 and (hint := busy_cpu_hint(threads, usable_cpus(), other_busy_tasks())):
-        warnings.warn(hint, stacklevel=2)
+    device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -1111,46 +991,10 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
     return device, nullcontext
 
 
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def other_busy_tasks(readings: int = 9) -> Optional[int]:
-    """How many other tasks are running or waiting for a CPU right now: the median of `readings` reads of the
-    running count in /proc/loadavg, less this process (the one reading it). The median ignores a torch thread that is
-    still spinning after its last parallel region. None where there is no /proc (not Linux), and where this process
-    may use only some of the machine's CPUs (a cpuset): the count is the whole machine's, which is then no measure."""
-    if usable_cpus() != os.cpu_count():
-        return None
-    counts = []
-    try:
-        for _ in range(readings):
-            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]))
-            time.sleep(0.005)
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(0, sorted(counts)[len(counts) // 2] - 1)
-
-
-def busy_cpu_hint(threads: int, cpus: int, others: Optional[int]) -> Optional[str]:
-    """A one-line warning when torch's `threads` cannot each have a core because `others` tasks hold some of the
-    `cpus`. Its threads then wait for each other at every operation: on a 2-core Intel Xeon the real-model quick
-    start took 2.2 s a step with 2 threads (bf16), 33 s beside one CPU-bound process, and 3.5 s there with 1 thread;
-    in float32 3.3, 29 and 5.3 s (tests/benchmarks/bench_threads.py --recipe real, 2026-12-01). A quiet machine
-    keeps torch's thread per core, a third faster than one thread. None when there is nothing to say."""
-    if others is None or threads <= 1 or others + threads <= cpus:
-        return None
-    free = max(1, cpus - others)
-    return (f"the CPU is busy: {others} other task(s) running on its {cpus} core(s), so torch's {threads} threads "
-            f"must share them, which can make each step many times slower; --num_threads {free} avoids that")
-
-
 def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
-    """--num_threads, else 1 for the tiny model built in code, else None (torch's own setting: a thread per core).
-    The tiny model gains little from a second thread and loses much when the machine is busy: on a quiet 2-core
-    Intel Xeon the default run took 0.19 s a step with one thread and 0.16 s with two, and beside one CPU-bound
-    process 0.18 s against 3.1 s (tests/benchmarks/bench_threads.py --steps 10, 2026-12-01; results/threads.json).
-    One thread also makes its metrics independent of OMP_NUM_THREADS. For real models see `busy_cpu_hint`."""
+    """--num_threads, else 1 for the tiny model built in code (a second thread gains little there and costs much on a
+    busy machine, tests/benchmarks/bench_threads.py; one thread also keeps its metrics independent of
+    OMP_NUM_THREADS), else None: torch's own thread per core."""
     if cfg.num_threads is not None:
         return cfg.num_threads
     return 1 if cfg.model == "tiny" and model is None else None
@@ -1162,30 +1006,21 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Distributed (torchrun): every multi-process line of the file goes through these helpers. With one process they are
-# no-ops, so the single-process path reads exactly as it would without them.
-# ----------------------------------------------------------------------------------------------------------------------
-
-class Dist:
-    """This process's place in a torchrun job: rank 0 of 1 without torchrun. NCCL on CUDA, gloo on CPU."""
+class Torchrun(Dist):
+    """Part I's Dist with the collectives of torch.distributed when torchrun starts several processes (WORLD_SIZE),
+    and the two that only Part II uses (gather, barrier). NCCL on CUDA, gloo on a CPU."""
 
     def __init__(self, device: torch.device):
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank, self.device = 0, device
-        if self.world_size > 1:
+        self.device = device
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             import torch.distributed as dist
 
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            self.rank = dist.get_rank()
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
+            self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+            self.main = self.rank == 0
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
-        """Sum (or max) each value across ranks."""
         if self.world_size == 1:
             return list(values)
         import torch.distributed as dist
@@ -1193,10 +1028,6 @@ class Dist:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when it is true on any."""
-        return bool(self.reduce([float(flag)], "max")[0])
 
     def gather(self, obj) -> list:
         if self.world_size == 1:
@@ -1221,8 +1052,7 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     """One metrics line for the whole job: the ranks' values summed or averaged (a no-op with one process)."""
     if dist.world_size == 1:
         return metrics
-    per_rank = dist.gather(metrics)
-    out = dict(metrics)
+    per_rank, out = dist.gather(metrics), dict(metrics)
     for key, value in metrics.items():
         if isinstance(value, (int, float)) and key != "step":
             values = [m.get(key, math.nan) for m in per_rank]
@@ -1242,13 +1072,11 @@ class HeadLogProbs(torch.autograd.Function):
 
     Between forward and backward it keeps no (N, V) tensor: forward saves the inputs and the log-normaliser (N,),
     and backward rebuilds the logits once. Both passes work on that one (N, V) buffer in place, so a chunk costs one
-    logits tensor at its peak; autograd through the plain formula would hold three or four (logits, logits / T, the
-    exponentials of logsumexp, their gradient). The gradient, for z = logits / T and p = softmax(z):
-
-        d logp_t / d z_j = [j == t] - p_j,        and d z / d logits = 1 / T.
+    logits tensor at its peak; autograd through the plain formula would hold three or four. For z = logits / T and
+    p = softmax(z):  d logp_t / d z_j = [j == t] - p_j,  and  d z / d logits = 1 / T.
 
     Backward runs under the forward's autocast state (bf16 on a GPU, or on a CPU with --bf16), as torch.amp's
-    custom_fwd/custom_bwd would do for one device type, so the rebuilt logits are the ones the forward normalised.
+    custom_fwd/custom_bwd would for one device type, so the rebuilt logits are the ones the forward normalised.
     """
 
     @staticmethod
@@ -1267,48 +1095,37 @@ class HeadLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         with torch.autocast(**ctx.autocast):
-            return HeadLogProbs._backward(ctx, grad)
-
-    @staticmethod
-    def _backward(ctx, grad):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
-        T = ctx.temperature
-        g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
-        g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
-        g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
-        g.div_(T)  # through z = logits / T: now the gradient of the logits
-        g = g.to(weight.dtype)  # a no-op in fp32
-        grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+            hidden, weight, bias, targets, lse = ctx.saved_tensors
+            T = ctx.temperature
+            g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
+            g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
+            g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
+            g = g.div_(T).to(weight.dtype)  # through z = logits / T: now the gradient of the logits
+            grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+            grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+            grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
                        chunk_size: int) -> torch.Tensor:
-    """Apply the output head, log-softmax and gather `chunk_size` tokens at a time. (B, C, H), (B, C) -> (B, C).
-
-    Each chunk goes through HeadLogProbs, which recomputes its logits in backward instead of keeping them, so at
-    most one chunk of (chunk_size, V) logits exists at any time, in forward and in backward.
-    """
+    """Apply the output head, log-softmax and gather `chunk_size` tokens at a time, each chunk through HeadLogProbs:
+    at most one chunk of (chunk_size, V) logits exists at any time, in forward and in backward. (B, C, H) -> (B, C)."""
     flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     pieces = [HeadLogProbs.apply(flat_h[s:s + chunk_size], head.weight, head.bias, flat_t[s:s + chunk_size],
-                                 temperature)
-              for s in range(0, flat_h.size(0), chunk_size)]
+                                 temperature) for s in range(0, flat_h.size(0), chunk_size)]
     return torch.cat(pieces).view_as(targets)
 
 
 _LEAN_DECISIONS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
-def _lean_head(model) -> Optional[torch.nn.Linear]:
-    """The output head if the model's logits are exactly `head(last hidden state)`; None sends it down the plain
-    full-logits path.
+def lean_head(model) -> Optional[torch.nn.Linear]:
+    """The output head if the model's logits are exactly `head(last hidden state)`, else None (the plain path).
 
-    This is measured, not guessed from config names: the first time a model is seen, a probe of 8 tokens goes
-    through both paths and their log-softmaxes are compared. A model that scales, soft-caps or otherwise
-    post-processes its logits (Falcon-H1's lm_head_multiplier, RecurrentGemma's logits_soft_cap, Gemma 2's
-    final_logit_softcapping, ...) fails the probe. The answer is kept per model object.
+    Measured, not guessed from config names: the first time a model is seen, a probe of 8 tokens goes through both
+    paths and their log-softmaxes are compared. A model that scales or soft-caps its logits (Falcon-H1's
+    lm_head_multiplier, Gemma 2's final_logit_softcapping, ...) fails the probe. The answer is kept per model.
     """
     head = model.get_output_embeddings()
     if not (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)):
@@ -1320,23 +1137,43 @@ def _lean_head(model) -> Optional[torch.nn.Linear]:
 
 @torch.no_grad()
 def _lean_matches_full(model, head: torch.nn.Linear, tolerance: float = 1e-3) -> bool:
-    """Do log_softmax(head(hidden)) and log_softmax(model(...).logits) agree on a probe of 8 tokens (in fp32, eval)?"""
-    device = head.weight.device
+    device, training = head.weight.device, model.training
     ids = (torch.arange(1, 9, device=device) * 7919 % head.out_features)[None]  # (1, 8): spread-out token ids
-    mask, training = torch.ones_like(ids), model.training
     model.eval()
     try:
         with torch.autocast(device.type, enabled=False):
-            full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (1, 8, V)
-            hidden = getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=mask,
-                                                             use_cache=False).last_hidden_state
-            lean = head(hidden)  # (1, 8, V)
+            full = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits  # (1, 8, V)
+            lean = head(getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                                use_cache=False).last_hidden_state)
     finally:
         model.train(training)
     return full.shape == lean.shape and torch.allclose(full.float().log_softmax(-1), lean.float().log_softmax(-1),
                                                        rtol=tolerance, atol=tolerance)
 
 
+def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+               temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
+    """Part I's per_token_logps, with the logits of at most `chunk_size` tokens at a time when the model's head
+    allows it (lean_head). (B, T) -> (B, C)."""
+    head = lean_head(model)
+    if head is None:
+        return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
+    hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask,
+                                                     position_ids=positions_from_mask(attention_mask),
+                                                     use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
+    return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
+
+
+class LeanLogProbs(LogProbs):
+    """Part I's LogProbs through lean_logps."""
+
+    def __init__(self, model, temperature: float = 1.0, chunk_size: int = 512):
+        super().__init__(model, temperature)
+        self.chunk_size = chunk_size
+
+    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
+        return lean_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature, self.chunk_size)
 # ----------------------------------------------------------------------------------------------------------------------
 # Models: the tiny one built in code, a GGUF preset, or from_pretrained.
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1435,7 +1272,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
     if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not stored
-        raise ValueError(f"{file}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ValueError(f"{file}: weights do not match the config (missing {missing[:3]}, extra {unexpected[:3]})")
     model.tie_weights()
     with atomic_path(out_dir) as tmp:
         model.save_pretrained(tmp)
@@ -1443,7 +1280,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def preset_folder(name: str) -> Path:
-    """The converted safetensors folder of a preset, made on first use (about 30 s on 2 cores, plus the fetch)."""
+    """The converted safetensors folder of a preset, made on first use (a fetch and a conversion, once)."""
     import tempfile
 
     out = cache_dir() / name
@@ -1478,7 +1315,7 @@ def load_model(name: str):
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
-            raise ConfigError(f"--model {name!r} could not be loaded: {_root_cause(e)}") from None
+            raise ConfigError(f"--model {name!r} could not be loaded: {one_line(e)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     reset_generation_config(model, tokenizer)
@@ -1521,14 +1358,6 @@ def reset_generation_config(model, tokenizer) -> None:
                                                eos_token_id=eos if len(eos) > 1 else eos[0])
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a completion: the tokenizer's EOS and each one the model's generation config lists, as in
-    TRL. Qwen2-Instruct has two (<|im_end|> and <|endoftext|>); stopping at only one would let text run on."""
-    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
-    return list(dict.fromkeys([tokenizer.eos_token_id, *listed]))  # the tokenizer's first, no repeats
-
-
 def disable_dropout(model: torch.nn.Module) -> None:
     """Set p = 0 in every dropout layer (as TRL's disable_dropout), so train() and eval() compute the same logits."""
     for module in model.modules():
@@ -1536,11 +1365,6 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):  # attention that applies it as a float
             module.attention_dropout = 0.0
-
-
-def _cache_kwarg(model) -> str:
-    """The name forward() takes the KV cache under: `cache` since transformers 5.2x, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1631,14 +1455,6 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
     return rows
 
 
-def _root_cause(e: BaseException) -> str:
-    """The first line of the innermost exception: the one that says what is actually wrong."""
-    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
-        e = e.__cause__ or e.__context__
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
-
-
 class _quiet_datasets:
     def __enter__(self):
         import datasets
@@ -1681,30 +1497,9 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
         except ConfigError:
             raise
         except Exception as e:
-            why = (json_problem(path) if path.suffix in (".json", ".jsonl") else None) or _root_cause(e)
-            raise ConfigError(f"--dataset {name!r} could not be read: {why}") from None
+            raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
         rows = ds.to_list()
     return prepare_rows(rows, prompt_column, f"--dataset {name!r}")
-
-
-def json_problem(path: Path) -> Optional[str]:
-    """Where a .json or .jsonl file stops being valid JSON, by line: the datasets library says only "Trailing data at
-    position 19". A .json file may be one document or JSON Lines, as it is for load_dataset; None if it parses."""
-    text = path.read_text(errors="replace")
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    problems = []
-    for number, line in lines:
-        try:
-            json.loads(line)
-        except json.JSONDecodeError as e:
-            problems.append(f"line {number} is not valid JSON ({e.msg}, column {e.colno}): {line[:60]!r}")
-    if path.suffix == ".json" and (not lines or problems and problems[0].startswith(f"line {lines[0][0]} ")):
-        try:  # not JSON Lines: one document, over several lines perhaps
-            json.loads(text)
-            return None
-        except json.JSONDecodeError as e:
-            return f"line {e.lineno} is not valid JSON ({e.msg}, column {e.colno})"
-    return problems[0] if problems else None
 
 
 def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
@@ -1758,39 +1553,8 @@ def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
     return rows[:cfg.eval_max_prompts] if cfg.eval_max_prompts else rows
 
 
-class PromptSampler:
-    """Walks the dataset in a fresh seeded permutation each epoch; its state is two integers, so it checkpoints."""
-
-    def __init__(self, num_rows: int, seed: int):
-        self.num_rows, self.seed, self.epoch, self.pos = num_rows, seed, 0, 0
-
-    def next_indices(self, n: int) -> list[int]:
-        out = []
-        while len(out) < n:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_rows)
-            take = order[self.pos:self.pos + n - len(out)]
-            out.extend(int(i) for i in take)
-            self.pos += len(take)
-            if self.pos == self.num_rows:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.pos = state["epoch"], state["pos"]
-
-
-def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
-    """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
-    return [r["prompt"] if isinstance(r["prompt"], str)
-            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in rows]
-
-
 # ----------------------------------------------------------------------------------------------------------------------
-# The other rewards, and scoring a batch with TRL's conventions
+# The other rewards, and resolving them
 # ----------------------------------------------------------------------------------------------------------------------
 
 def reward_len_binary(completions: list, **kwargs) -> list[float]:
@@ -1836,86 +1600,59 @@ def resolve_reward_funcs(spec: str) -> list[Callable]:
         try:
             func = getattr(importlib.import_module(module), attr)
         except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-            raise ConfigError(f"--reward_funcs {name!r} could not be imported: {_root_cause(e)}") from None
+            raise ConfigError(f"--reward_funcs {name!r} could not be imported: {one_line(e)}") from None
         _check(callable(func), "reward_funcs", name, "is not a function")
         funcs.append(func)
     return funcs
 
 
-def reward_weight_list(weights) -> Optional[list[float]]:
-    """--reward_weights as a list of floats: a list (TRL's form), or the comma-separated string older runs recorded."""
-    if weights is None:
-        return None
-    try:
-        return [float(w) for w in (weights.split(",") if isinstance(weights, str) else weights)]
-    except (TypeError, ValueError):
-        raise ConfigError(f"--reward_weights {weights!r} is invalid: give one number per reward function") from None
+class CheckedReward:
+    """A reward function whose every answer is checked: one number (or None) per completion, none infinite. Named
+    once in a warning when it returns None (no score from it there)."""
+
+    def __init__(self, func: Callable):
+        self.func, self.__name__, self.warned = func, func_name(func), False
+
+    def __call__(self, completions: list, **kwargs) -> list:
+        out = self.func(completions=completions, **kwargs)
+        try:  # float("1") would take a string: a bug, not a score
+            out = list(out)
+            values = [math.nan if r is None else float(r) for r in out if not isinstance(r, (str, bytes))]
+        except (TypeError, ValueError):
+            values = []
+        if len(values) != len(completions):
+            raise ConfigError(f"reward function {self.__name__!r} returned {str(out)[:60]} for {len(completions)} "
+                              "completions: return one number (or None) per completion")
+        if any(math.isinf(v) for v in values):
+            raise ConfigError(f"reward function {self.__name__!r} returned an infinite reward: return a finite number, "
+                              "or None (or NaN) for no score")
+        if not self.warned and any(r is None for r in out):
+            self.warned = True
+            warnings.warn(f"reward function {self.__name__!r} returned None for some completions: no score from it "
+                          "there (a completion no function scores gets advantage 0). Shown once per function.",
+                          stacklevel=2)
+        return out
 
 
 def func_name(func: Callable) -> str:
-    """How a reward function is named in metrics, warnings and records: its __name__, else its type's name."""
     return getattr(func, "__name__", type(func).__name__)
 
 
-def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
-                      reward_funcs: list[Callable], weights: list[float],
-                      warned: Optional[set] = None) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """Decode a batch from generate_completions and score it against its prompt rows.
-
-    Returns the weighted rewards (B,), the per-function scores (B, F) and the completions as the reward functions saw
-    them: strings, or for chat prompts a list holding one assistant message. Dataset columns are repeated per
-    completion and passed as keyword arguments, with TRL's `completion_ids`: each completion's token ids without
-    padding (a sampled EOS is the last one). `warned` is passed on to score_completions.
-    """
-    mask = batch["completion_mask"]
-    texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
-                                   skip_special_tokens=True)
-    chat = not isinstance(rows[0]["prompt"], str)
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
-    repeated = [r for r in rows for _ in range(num_generations)]
-    columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
-    columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
-    rewards, per_func = score_completions(reward_funcs, weights, [r["prompt"] for r in repeated], completions, columns,
-                                          warned=warned)
-    return rewards, per_func, completions
-
-
-def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
-                      columns: dict[str, list], warned: Optional[set] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call each reward function; return the weighted rewards (B,) and the per-function scores (B, F).
-
-    None or NaN means "no score" from that function: it is left out of the weighted sum. A completion that no
-    function scores is unscorable: its reward is NaN, and group_advantages leaves it out (all as in TRL). An
-    infinite score is an error. Each function that returns None is named once in a warning (its name is then
-    added to `warned`, when given).
-    """
-    per_func = torch.empty(len(completions), len(reward_funcs), dtype=torch.float64)
-    for j, func in enumerate(reward_funcs):
-        name = func_name(func)
-        out = func(completions=completions, prompts=prompts, **columns)
-        if out is None or not hasattr(out, "__len__") or len(out) != len(completions):
-            got = "None" if out is None else (len(out) if hasattr(out, "__len__") else type(out).__name__)
-            raise ConfigError(f"reward function {name!r} returned {got} values for {len(completions)} completions: "
-                              "return one number (or None) per completion")
-        try:
-            if any(isinstance(r, (str, bytes)) for r in out):  # float("1") would take it: a bug, not a score
-                raise TypeError
-            per_func[:, j] = torch.tensor([math.nan if r is None else float(r) for r in out], dtype=torch.float64)
-        except (TypeError, ValueError):
-            raise ConfigError(f"reward function {name!r} returned a value that is not a number: "
-                              f"{list(out)[:4]}") from None
-        if per_func[:, j].isinf().any():
-            raise ConfigError(f"reward function {name!r} returned an infinite reward: return a finite number, or "
-                              "None (or NaN) for no score")
-        if warned is not None and name not in warned and any(r is None for r in out):
-            warned.add(name)
-            warnings.warn(f"reward function {name!r} returned None for some completions: no score from it there "
-                          "(a completion no function scores gets advantage 0). Shown once per function.",
-                          stacklevel=2)
-    w = torch.tensor(weights, dtype=torch.float64)
-    rewards = (per_func * w).nansum(dim=1)  # (B,)
-    rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
-    return rewards.float(), per_func
+def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] = None) -> tuple[list, list[float]]:
+    """The reward functions (those passed from Python, else --reward_funcs, imported now so that a typo stops the run
+    before any work), each checked (CheckedReward), and their weights (those passed, else --reward_weights, else 1.0
+    each), one per function."""
+    funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
+    funcs = [g for f in funcs for g in (resolve_reward_funcs(f) if isinstance(f, str) else [f])]  # names: imported
+    for f in funcs:
+        _check(callable(f), "reward_funcs", f, "give functions, their names, or importable paths")
+    given = weights if weights is not None else cfg.reward_weights
+    try:
+        weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--reward_weights {given!r} is invalid: give one number per reward function") from None
+    _check(len(weights) == len(funcs), "reward_weights", given, f"give {len(funcs)} number(s), one per reward function")
+    return [f if isinstance(f, CheckedReward) else CheckedReward(f) for f in funcs], weights
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1945,7 +1682,7 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
         torch.manual_seed(seed)
         for s in range(0, len(rows), batch_prompts):
             chunk = rows[s:s + batch_prompts]
-            with autocast():  # one prefill for both modes: the same completions, 10-22% faster (bench_eval.py)
+            with autocast():  # one prefill for both modes: the same completions, and less work (bench_eval.py)
                 prompts = prefill(model, tokenizer, prompt_texts(chunk, tokenizer), max_prompt_length)
             for mode, n in (("greedy", 1), ("sampled", num_generations)):
                 with autocast():
@@ -1966,45 +1703,31 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# The trainer: the state that Part I's step reads, the run loop, its bookkeeping, and checkpoints.
+# The trainer: Part I's step with a model, data and rewards loaded, the run loop, its bookkeeping, and checkpoints.
 # ----------------------------------------------------------------------------------------------------------------------
 
-TRAINER_ADVICE = {"callbacks": "read trainer.state.log_history or metrics.jsonl after train(), or subclass "
-                                "GRPOTrainer",
-                  "optimizers": "the optimizer is AdamW with a linear schedule; use learning_rate, weight_decay and "
-                                "warmup_steps",
-                  "peft_config": "PEFT is left out of this file; pass a model with its adapters applied as model=",
-                  "reward_processing_classes": "rewards are Python functions here, not reward models"}
-
-
-def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset, others: dict) -> tuple:
-    """TRL's call shape, GRPOTrainer(model, reward_funcs, args=, train_dataset=, eval_dataset=, processing_class=),
-    brought to this trainer's own: returns (config, model object or None, tokenizer, data set). A model given by
-    name or folder becomes the config's `model`, so that grpo_config.json records it and a resume can load it."""
-    for name in others:
-        advice = TRAINER_ADVICE.get(name, "it is an argument of neither this trainer nor TRL's")
-        raise ConfigError(f"GRPOTrainer: {name} is not supported: {advice}")
+def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset) -> tuple:
+    """TRL's call shape, GRPOTrainer(model, reward_funcs, args=, train_dataset=, processing_class=), brought to this
+    trainer's own: returns (config, model object or None, tokenizer, data set). A model given by name or folder becomes
+    the config's `model`, so that grpo_config.json records it and a resume can load it."""
     if cfg is not None and not isinstance(cfg, GRPOConfig):  # TRL's first positional argument is the model
         if model is not None:
-            raise ConfigError("GRPOTrainer: the first argument is a GRPOConfig (or, as in TRL, the model), and "
-                              "model= was given too; in TRL's order only (model, reward_funcs, args) may be "
-                              "positional here: pass train_dataset=, eval_dataset= and processing_class= by name")
+            raise ConfigError("GRPOTrainer: in TRL's order only (model, reward_funcs, args) may be positional; pass "
+                              "train_dataset=, eval_dataset= and processing_class= by name")
         cfg, model = None, cfg
-    pairs = (("cfg", cfg, "args", args), ("tokenizer", tokenizer, "processing_class", processing_class),
-             ("dataset", dataset, "train_dataset", train_dataset))
-    for ours, mine, trls, theirs in pairs:
+    for ours, mine, trls, theirs in (("cfg", cfg, "args", args), ("tokenizer", tokenizer, "processing_class",
+                                     processing_class), ("dataset", dataset, "train_dataset", train_dataset)):
         if mine is not None and theirs is not None:
             raise ConfigError(f"GRPOTrainer: pass {ours}= or {trls}= (TRL's name), not both")
     cfg = cfg if cfg is not None else args if args is not None else GRPOConfig()
     if isinstance(model, (str, os.PathLike)):
         cfg, model = dataclasses.replace(cfg, model=str(model)), None
-    tokenizer = tokenizer if tokenizer is not None else processing_class
-    return cfg, model, tokenizer, dataset if dataset is not None else train_dataset
+    return cfg, model, tokenizer if tokenizer is not None else processing_class, \
+        dataset if dataset is not None else train_dataset
 
 
 def tokenizer_of(model):
-    """TRL's rule for a model passed without its tokenizer: load the one saved where the model was loaded from
-    (`model.config._name_or_path`, a Hub id or a folder)."""
+    """TRL's rule for a model passed without its tokenizer: the one saved where it was loaded from."""
     from transformers import AutoTokenizer
 
     source = getattr(model.config, "_name_or_path", "")
@@ -2014,25 +1737,15 @@ def tokenizer_of(model):
     try:
         if not has_tokenizer_files(source):
             raise OSError(f"the folder holds none of {', '.join(TOKENIZER_FILES)}")
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        return AutoTokenizer.from_pretrained(source)
     except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
         raise ConfigError(f"GRPOTrainer: no tokenizer= (processing_class=) was passed, and none could be loaded "
-                          f"from the model's {source!r}: {_root_cause(e)}") from None
-    return tokenizer
-
-
-def _check_python_objects(cfg: GRPOConfig, model, dataset, reward_funcs) -> None:
-    """A run whose objects were passed from Python is resumed with them again."""
-    for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
-        if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):
-            raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
-                              f"passing {name}= again")
+                          f"from the model's {source!r}: {one_line(e)}") from None
 
 
 @dataclass
 class TrainerState:
-    """What `trainer.state` gives: the steps done and to do, and the metrics lines logged so far, training and
-    evaluation alike, with this file's metric names (README: the metrics) rather than transformers' ("loss" is ours,
+    """What `trainer.state` gives: the steps done and to do, and the metrics lines logged so far (this file's names;
     "epoch" is absent: grpo_ssr counts steps)."""
     global_step: int
     max_steps: int
@@ -2040,28 +1753,30 @@ class TrainerState:
 
 
 class TrainingStopped(KeyboardInterrupt):
-    """Raised by train() after a signal (Ctrl-C, SIGTERM) stopped it and its checkpoint was saved: a caller in Python
-    learns that training did not finish. main() catches it and exits 0 with the resume line."""
+    """Raised by train() after a signal (Ctrl-C, SIGTERM) stopped it and its checkpoint was saved. main() catches it
+    and exits 0 with the resume line."""
 
 
 class GRPOTrainer(GRPOStep):
-    """Builds everything a step needs, runs `max_steps` of them (`train()`), and writes the run's output folder.
+    """Part I's step, built from names or objects, run for `max_steps` (`train()`), with the run's output folder.
 
     `cfg` may name a checkpoint to resume (it then takes the checkpoint's settings); `reward_funcs`, `reward_weights`,
     `model` with `tokenizer`, `dataset` and `eval_dataset` may be passed from Python instead of named in the config.
-    TRL's names work too (see `trl_call`): `GRPOTrainer(model="Qwen/...", reward_funcs=f, args=GRPOConfig(...),
-    train_dataset=ds, processing_class=tok)`. `reward_funcs` is one function, a name (reward_len, my_module.my_reward)
-    or a list of either; `model` an object, a name or a folder.
+    TRL's names work too: `GRPOTrainer(model="Qwen/...", reward_funcs=f, args=GRPOConfig(...), train_dataset=ds,
+    processing_class=tok)`. `reward_funcs` is one function, a name (reward_len, my_module.my_reward) or a list.
     """
 
     def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None,
                  reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
                  dataset=None, eval_dataset=None, cli_options: Optional[set[str]] = None, *, args=None,
-                 train_dataset=None, processing_class=None, **trl_only):
+                 train_dataset=None, processing_class=None, **others):
+        if others:
+            raise ConfigError(f"GRPOTrainer: {next(iter(others))} is an argument of neither this trainer nor TRL's "
+                              "that it takes (model, reward_funcs, args, train_dataset, eval_dataset, "
+                              "processing_class)")
         if isinstance(reward_weights, GRPOConfig) and args is None:  # TRL's positional order: model, reward_funcs, args
             args, reward_weights = reward_weights, None
-        cfg, model, tokenizer, dataset = trl_call(cfg, args, model, tokenizer, processing_class, dataset,
-                                                  train_dataset, trl_only)
+        cfg, model, tokenizer, dataset = trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset)
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
         if isinstance(names, (list, tuple)) and names and all(isinstance(f, str) for f in names):
             cfg, reward_funcs = dataclasses.replace(cfg, reward_funcs=",".join(names)), None  # names: settings
@@ -2070,31 +1785,32 @@ class GRPOTrainer(GRPOStep):
         # allows; from Python those are the fields that differ from the defaults).
         cfg = resume_config(cfg, cli_options)
         validate_config(cfg)
-        _check_python_objects(cfg, model, dataset, reward_funcs)
-        if model is not None and tokenizer is None:
-            tokenizer = tokenizer_of(model)
-        self.reward_funcs, self.reward_weights = resolve_rewards(cfg, reward_funcs, reward_weights)
+        for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
+            if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):  # resumed: pass them again
+                raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
+                                  f"passing {name}= again")
+        tokenizer = tokenizer_of(model) if model is not None and tokenizer is None else tokenizer
+        funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)
-        self.cfg = cfg
-        self.device, self.autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg, model))
-        self.dist = Dist(self.device)
+        device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg, model))
+        dist = Torchrun(device)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
-        self.dataset = prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer") \
+        rows = prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer") \
             if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split, cfg.prompt_column)
         # what grpo_config.json records: the objects passed in are named, not mistaken for settings, and the
         # precision and threads that ran (bf16 on a CPU without bf16 instructions falls back to float32)
-        ran_bf16 = self.autocast is not nullcontext
-        self.record = {**dataclasses.asdict(cfg),
-                       **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
-                       **({"dataset": f"{FROM_PYTHON}: {len(self.dataset)} rows"} if dataset is not None else {}),
-                       **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, self.reward_funcs))}"}
-                          if reward_funcs else {}),
-                       **({"reward_weights": self.reward_weights} if reward_weights is not None else {}),
-                       "bf16": cfg.bf16 and ran_bf16, "num_threads": torch.get_num_threads(),
-                       "precision": "bf16 autocast" if ran_bf16 else "float32"}
-        self.eval_rows = self._eval_rows(dataset, eval_dataset)
+        ran_bf16 = autocast is not nullcontext
+        self.record_of_run = {
+            **dataclasses.asdict(cfg),
+            **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
+            **({"dataset": f"{FROM_PYTHON}: {len(rows)} rows"} if dataset is not None else {}),
+            **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, funcs))}"} if reward_funcs else {}),
+            **({"reward_weights": weights} if reward_weights is not None else {}),
+            "bf16": cfg.bf16 and ran_bf16, "num_threads": torch.get_num_threads(),
+            "precision": "bf16 autocast" if ran_bf16 else "float32"}
+        self.eval_rows = held_out_rows(cfg, dataset, eval_dataset, dist.main)
         if model is None:
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
@@ -2104,39 +1820,15 @@ class GRPOTrainer(GRPOStep):
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
             disable_dropout(model)
-        self.model, self.tokenizer = model.to(self.device), tokenizer
-        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
-        self.ref_model = self.ref_logprobs = None
-        if cfg.beta > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-            self.ref_logprobs = LogProbs(self.ref_model, cfg.temperature, cfg.logits_chunk_size)
-        self.logprobs = LogProbs(self.model, cfg.temperature, cfg.logits_chunk_size)
-        self.policy = self.logprobs  # what the training forward runs through; DDP-wrapped under torchrun
-        if self.dist.world_size > 1:
+        super().__init__(model.to(device), tokenizer, funcs, cfg, rows, reward_weights=weights, seed=cfg.seed,
+                         autocast=autocast, dist=dist,
+                         logprobs_class=functools.partial(LeanLogProbs, chunk_size=cfg.logits_chunk_size))
+        if dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.policy = DistributedDataParallel(self.logprobs, device_ids=[self.device.index]
-                                                  if self.device.type == "cuda" else None)
-            torch.manual_seed(cfg.seed + self.dist.rank)  # sampling differs per rank
-        self.prompt_sampler = PromptSampler(len(self.dataset), cfg.seed)
-        self.buffer = make_buffer(cfg, seed=cfg.seed + self.dist.rank)  # each rank keeps its own buffer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate,
-                                           weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
-        # Every sample a generation batch contributes trains in the step that generated it, before any update, with
-        # the uniform buffer (its first step draws the whole batch; dynamic sampling trains every kept group) and
-        # with SSR's fill at num_iterations 1 (every fresh non-zero sample trains; zero ones are never stored). Then
-        # the old log-probs are that first training forward's, and the separate forward at generation is skipped.
-        self.old_from_training = type(self.buffer) is ReplayBuffer or (self.fill and cfg.num_iterations == 1)
-        self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
-        self.step = 0  # optimizer steps done (skipped steps count too, so max_steps bounds the run)
-        self.generations = 0  # generation batches made so far
-        self.sample_uid = 0
-        self.last_gen_metrics: dict[str, float] = {}
-        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0,
-                         **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
-        self.warned_none: set[str] = set()  # reward functions already named in a "returned None" warning
+            self.policy = DistributedDataParallel(self.logprobs, device_ids=[device.index]
+                                                  if device.type == "cuda" else None)
+            torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_requested = 0
         self.resumed_from: Optional[Path] = None
         self.last_completions: list[dict] = []  # the latest generation batch, for --log_completions
@@ -2144,18 +1836,9 @@ class GRPOTrainer(GRPOStep):
 
     # --- TRL's and transformers' names for what a user reads after a run -------------------------------------------
 
-    @property
-    def args(self) -> GRPOConfig:
-        return self.cfg
-
-    @property
-    def processing_class(self):
-        return self.tokenizer
-
-    @property
-    def state(self) -> TrainerState:
-        """transformers' TrainerState in the part a user reads: global_step, max_steps and log_history."""
-        return TrainerState(self.step, self.cfg.max_steps, self.log_history)
+    args = property(lambda self: self.cfg)
+    processing_class = property(lambda self: self.tokenizer)
+    state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
         """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
@@ -2165,169 +1848,77 @@ class GRPOTrainer(GRPOStep):
             save_model_files(self.model, self.tokenizer, out)
         self.dist.barrier()
 
-    def _eval_rows(self, dataset, eval_dataset) -> Optional[list[dict]]:
-        """The held-out prompts: eval_dataset if passed; else --eval_dataset or --dataset's held-out split, but not
-        for a data set passed in from Python (it is not the one --dataset names). None: no evaluation."""
-        cfg, rows = self.cfg, None
-        if eval_dataset is not None:
-            rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
-        elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):
-            rows = load_eval_prompts(cfg)
-        if cfg.eval_steps > 0 and rows is None and self.dist.main:
-            source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
-            print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
-                  file=sys.stderr)
-        return rows
+    def health(self) -> list[str]:
+        """The health report of this run so far (see `health_report`): one line per failure its metrics show."""
+        return health_report(*split_metrics(self.log_history), self.cfg)
 
-    def _lr_factor(self, step: int) -> float:
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return step / cfg.warmup_steps  # HF's linear warm-up: 0 on the first step
-        return max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - cfg.warmup_steps))
+    # --- Part I's hooks: what a step reports, and DAPO's dynamic sampling (a baseline) ------------------------------
 
-    # --- the bookkeeping behind Part I's one-line calls -------------------------------------------------------------
-
-    def _next_prompts(self) -> list[dict]:
-        """This process's prompts for one generation batch. Every rank walks the same order and takes its own whole
-        groups, so that advantages stay local and exact."""
-        n, rank = self.cfg.generation_batch_size // self.cfg.num_generations, self.dist.rank
-        order = self.prompt_sampler.next_indices(n * self.dist.world_size)
-        return [self.dataset[i] for i in order[rank * n:(rank + 1) * n]]
-
-    def _record_generation(self, batch: dict, rows: list[dict], rewards: torch.Tensor, per_func: torch.Tensor,
-                           completions: list, advantages: torch.Tensor) -> None:
-        """Tag each sample (uid, generation batch, step), keep the batch for --log_completions, and compute the
-        generation metrics (`last_gen_metrics`)."""
-        cfg, n = self.cfg, len(rewards)
-        if cfg.log_completions:
+    def record_generation(self, batch, rows, rewards, per_func, completions, advantages) -> None:
+        super().record_generation(batch, rows, rewards, per_func, completions, advantages)
+        self.last_gen_metrics.update({f"rewards/{func_name(f)}": per_func[:, j].nanmean().item()
+                                      for j, f in enumerate(self.reward_funcs)})
+        if self.cfg.log_completions:
             self.last_completions = [
-                {"prompt": r["prompt"], "completion": c, "reward": float(rw), "advantage": float(a),
+                {"prompt": r["prompt"], "completion": _text(c), "reward": float(rw), "advantage": float(a),
                  **{f"rewards/{func_name(f)}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
-                for i, (r, c, rw, a) in enumerate(zip((r for r in rows for _ in range(cfg.num_generations)),
-                                                      map(_text, completions), rewards, advantages))]
-        batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
-        batch["generation"] = [self.generations] * n
-        batch["step"] = [self.step] * n
-        self.sample_uid += n
-        self.generations += 1
-        lengths = batch["completion_mask"].sum(1).float()
-        ended = torch.isin(batch["completion_ids"], torch.tensor(self.eos_ids, device=self.device)).any(1).float()
-        self.counters["reward_nan"] += int(per_func.isnan().sum())
-        self.last_gen_metrics = {  # the reward's mean and std leave out unscorable completions (NaN), as TRL's
-            "reward": rewards.nanmean().item(), "reward_std": nanstd(rewards, dim=0).item(),
-            "frac_reward_unscorable": rewards.isnan().float().mean().item(),
-            "frac_reward_zero_std": zero_spread_groups(rewards, cfg.num_generations).float().mean().item(),
-            "completion_length": lengths.mean().item(), "frac_truncated": 1 - ended.mean().item(),
-            "completions": float(len(rewards)),
-            "adv_abs_fresh": advantages.abs().mean().item(),
-            **{f"rewards/{func_name(f)}": per_func[:, j].nanmean().item() for j, f in enumerate(self.reward_funcs)},
-        }
+                for i, (r, c, rw, a) in enumerate(zip([r for r in rows for _ in range(self.cfg.num_generations)],
+                                                      completions, rewards, advantages))]
 
-    def _average_gen_metrics(self, batches: list[dict]) -> None:
-        with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
-            warnings.simplefilter("ignore", RuntimeWarning)
-            self.last_gen_metrics = {k: float(np.nanmean([b[k] for b in batches])) for k in batches[0]}
+    def record(self, metrics: dict, trained: list[dict]) -> dict:
+        """What the step trained on: how much of it is replayed, old, duplicated or without signal, and how far its
+        replayed samples are off-policy (|log pi - log pi_old| over their tokens); and the buffer."""
+        samples, step = [s for t in trained for s in t["samples"]], self.step - 1  # the step just taken
+        if samples:
+            log_ratio = tokens = 0.0
+            for t in (t for t in trained if "logps" in t):
+                stale = torch.tensor([s["step"] < step for s in t["samples"]], device=t["logps"].device)
+                mask = t["mask"].bool() & stale[:, None]  # the replayed completion tokens
+                log_ratio += float((t["logps"] - t["old"]).abs()[mask].sum())
+                tokens += float(mask.sum())
+            ages = [step - s["step"] for s in samples]
+            metrics.update(replay_frac=sum(a > 0 for a in ages) / len(ages),  # trained after the step that made it
+                           sample_age=sum(ages) / len(ages), sample_age_max=max(ages),
+                           frac_zero_adv_trained=sum(float(s["advantages"]) == 0 for s in samples) / len(samples),
+                           unique_sample_frac=len({s["uid"] for s in samples}) / len(samples),
+                           adv_abs_trained=float(torch.stack([s["advantages"].abs() for s in samples]).mean()))
+            if tokens > 0:  # 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon
+                metrics["replay_abs_log_ratio"] = log_ratio / tokens
+        return {**metrics, "buffer_size": len(self.buffer), "buffer_ess": effective_sample_size(self.buffer),
+                "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
 
-    def _skip_step(self, metrics: dict, retries: int, start: float) -> dict[str, float]:
-        """A step with nothing to train on after its retries (under torchrun, all ranks skip together)."""
-        self.counters["skipped_steps"] += 1
-        why = "every reward function returned None for every completion" \
-            if self.last_gen_metrics.get("frac_reward_unscorable") == 1.0 else "every group had zero reward spread"
-        print(f"warning: step {self.step + 1} skipped: the buffer is empty after {retries} retries ({why})",
-              file=sys.stderr)
-        self._advance_schedule(stepped=False)
-        return {**metrics, "skipped": 1, **self._buffer_metrics(), **self.counters,
-                "step_time": time.perf_counter() - start}
-
-    def refill_dynamic(self) -> int:
-        """DAPO's dynamic sampling: keep the groups with reward spread, and generate again (at most
-        max_generation_retries times) until they fill a generation batch. Surplus groups are discarded. The step
-        trains what was kept (`self.fresh`), a part batch when the cap is reached first. Returns the retries."""
+    def refill(self) -> int:
+        """With --dynamic_sampling (DAPO): keep the groups with reward spread, and generate again (at most
+        max_generation_retries times) until they fill a generation batch; surplus groups are discarded, and a step at
+        the cap trains a part batch. Returns the retries."""
         cfg, G = self.cfg, self.cfg.num_generations
+        if not cfg.dynamic_sampling:
+            return super().refill()
         kept, batches, dropped = [], [], 0
-        while True:
+        while not batches or (len(batches) <= cfg.max_generation_retries
+                              and self.dist.any(len(kept) < cfg.generation_batch_size)):  # all ranks together
             samples = self.generate_batch()
             batches.append(self.last_gen_metrics)
-            for i in range(0, len(samples), G):
-                group = samples[i:i + G]
+            for group in (samples[i:i + G] for i in range(0, len(samples), G)):
                 if len(kept) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
                     kept += group
                 else:
                     dropped += 1
-            full = len(kept) >= cfg.generation_batch_size
-            if len(batches) > cfg.max_generation_retries or not self.dist.any(not full):  # all ranks together
-                break
-        self.fresh = kept
-        self._average_gen_metrics(batches)
+        self.fresh, self.last_gen_metrics = kept, mean_metrics(batches)
         self.last_gen_metrics.update(groups_dropped=float(dropped),
                                      frac_batch_filled=len(kept) / cfg.generation_batch_size)
         return len(batches) - 1
 
-    def _skip_empty_step(self, metrics: dict, micro_batches: list[list[dict]], start: float) -> dict[str, float]:
-        """--skip_empty_steps: every trained advantage is 0 and beta is 0, so the loss and its gradient are exactly 0;
-        AdamW would still move the weights along its momentum. No forward, no update; the schedule advances."""
-        self.counters["empty_steps_skipped"] += 1
-        self._advance_schedule(stepped=False)
-        return {**metrics, "loss": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0,
-                "learning_rate": self.scheduler.get_last_lr()[0], "skipped": 1, "skipped_empty": 1,
-                **self._trained_metrics([s for mb in micro_batches for s in mb], {"stale_tokens": 0}),
-                **self._buffer_metrics(), **self.counters, "step_time": time.perf_counter() - start}
+    def can_train(self) -> bool:
+        return len(self.fresh) > 0 if self.cfg.dynamic_sampling else super().can_train()
 
-    @property
-    def loss_scale(self) -> int:
-        """dapo divides by all ranks' tokens, and DDP averages gradients over ranks: scale back up by the world size.
-        bnpo divides by this rank's own tokens and lets DDP average, as TRL does."""
-        return self.dist.world_size if self.cfg.loss_type == "dapo" else 1
+    def micro_batches(self) -> list[list[dict]]:
+        if not self.cfg.dynamic_sampling:
+            return super().micro_batches()
+        n, k = self.cfg.per_device_train_batch_size, self.cfg.gradient_accumulation_steps  # the kept groups, sliced
+        return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
 
-    def _advance_schedule(self, stepped: bool) -> None:
-        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
-        self.step += 1
-        with warnings.catch_warnings():
-            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
-            self.scheduler.step()
-
-    def _gradient_sync(self, last: bool):
-        """Under torchrun DDP syncs gradients in backward; only the step's last micro-batch needs to."""
-        return nullcontext() if last or self.dist.world_size == 1 else self.policy.no_sync()
-
-    def _step_metrics(self, trained: list[dict], grad_norm: torch.Tensor, updated: bool) -> dict[str, float]:
-        """A trained step's metrics, after its update: the loss, clipping and gradient norm; what it trained on (how
-        much is replayed, old, duplicated or without signal); how far replayed samples are off-policy; the buffer."""
-        step, n = self.step - 1, len(trained)  # the step just taken, already counted
-        sums = {"clip_ratio": 0.0, "kl": 0.0, "stale_log_ratio": 0.0, "stale_tokens": 0.0}
-        for t in trained:
-            stale = torch.tensor([s["step"] < step for s in t["samples"]], device=t["logps"].device)  # (B,) replayed
-            log_ratio, count = abs_log_ratio_sum(t["logps"], t["old"], t["mask"], stale)
-            sums["stale_log_ratio"] += log_ratio
-            sums["stale_tokens"] += count
-            for k, v in t["stats"].items():
-                sums[k] += v.item() / n
-        samples = [s for t in trained for s in t["samples"]]
-        metrics = {"loss": sum(t["loss"] for t in trained), "clip_ratio": sums["clip_ratio"],
-                   "grad_norm": float(grad_norm), "learning_rate": self.scheduler.get_last_lr()[0],
-                   "skipped": int(not updated), **self._trained_metrics(samples, sums), **self._buffer_metrics(),
-                   **self.counters}
-        if self.cfg.beta > 0:
-            metrics["kl"] = sums["kl"]
-        return metrics
-
-    def _trained_metrics(self, trained: list[dict], sums: dict) -> dict[str, float]:
-        """What the step trained on: how much of it is replayed, old, duplicated or without signal.
-        Called after the step is counted, so this step's own samples have age 0."""
-        ages = [self.step - 1 - s["step"] for s in trained]
-        out = {"replay_frac": sum(s["generation"] < self.generations - 1 for s in trained) / len(trained),
-               "sample_age": sum(ages) / len(ages), "sample_age_max": max(ages),
-               "frac_zero_adv_trained": sum(float(s["advantages"]) == 0 for s in trained) / len(trained),
-               "unique_sample_frac": len({s["uid"] for s in trained}) / len(trained),
-               "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in trained]).mean())}
-        if sums["stale_tokens"] > 0:  # only when the step trained a sample generated in an earlier step
-            out["replay_abs_log_ratio"] = sums["stale_log_ratio"] / sums["stale_tokens"]
-        return out
-
-    def _buffer_metrics(self) -> dict[str, float]:
-        return {"buffer_size": len(self.buffer), "buffer_ess": self.buffer.effective_sample_size(),
-                "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
+    # --- the whole run ---------------------------------------------------------------------------------------------
 
     def run_evaluation(self) -> dict[str, float]:
         """Score the current policy on the held-out prompts (see `evaluate`). Rank 0 evaluates, the others wait."""
@@ -2341,22 +1932,17 @@ class GRPOTrainer(GRPOStep):
         self.dist.barrier()
         return metrics
 
-    # --- the whole run ---------------------------------------------------------------------------------------------
-
     def train(self) -> list[dict]:
         """Train for max_steps; write metrics.jsonl, checkpoints and the final model. Returns this run's metrics.
-
-        Under torchrun, rank 0 alone writes files (each rank adds its own state to checkpoints).
-        """
+        Under torchrun, rank 0 alone writes files (each rank adds its own state to checkpoints)."""
         from tqdm.auto import tqdm
 
         cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
         self._prepare_output_dir()
         if main:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
-        history = []
-        previous = self._install_signal_handlers()
+            (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
+        history, previous = [], self._install_signal_handlers()
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
@@ -2394,23 +1980,24 @@ class GRPOTrainer(GRPOStep):
             if main:
                 plot_metrics(out)
         finally:
-            self._restore_signal_handlers(previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         self.dist.barrier()
         if self.stop_requested:
             raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}")
         if main:
-            print(replay_summary(read_metrics(out / "metrics.jsonl")[0], self.cfg))
+            for line in replay_line(history, cfg) + self.health():
+                print(line)
             print_outputs(out)
         return history
 
     def _prepare_output_dir(self) -> None:
         """Resuming loads the checkpoint here; a fresh run with --overwrite_output_dir, or over a run that finished no
         step (it crashed), removes the old run's files (only those). Every start removes the half-written folders a
-        hard exit leaves (.tmp-checkpoint-N, .tmp-model). Whether the folder may be used was checked when the trainer
-        was built (check_output_dir)."""
+        hard exit leaves (.tmp-*)."""
         out = Path(self.cfg.output_dir)
         if self.dist.main:
-            for path in (p for pattern in RUN_FOLDERS if pattern.startswith(".tmp-") for p in out.glob(pattern)):
+            for path in out.glob(".tmp-*"):
                 _remove(path)
         if self.resumed_from is None and self.cfg.resume_from_checkpoint is not None:
             self.load_checkpoint(self.cfg.resume_from_checkpoint)
@@ -2421,7 +2008,8 @@ class GRPOTrainer(GRPOStep):
             if not self.cfg.overwrite_output_dir:  # what check_output_dir lets through: a run with no finished step
                 print(f"note: --output_dir {str(out)!r} holds a run that finished no step: starting over it",
                       file=sys.stderr)
-            clear_run(out)
+            for path in run_files(out):
+                _remove(path)
         self.dist.barrier()
 
     def _log_completions(self, bar) -> None:
@@ -2465,120 +2053,184 @@ class GRPOTrainer(GRPOStep):
             pass
         return previous
 
-    @staticmethod
-    def _restore_signal_handlers(previous: dict) -> None:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
-
     # --- checkpoints -----------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
         """Write output_dir/checkpoint-{step} atomically: into a temporary folder, then one rename.
 
         trainer_state.pt holds what all ranks share (optimizer, schedule, counters); rank-{r}.pt what is each
-        rank's own (its replay buffer, RNG states, place in the data).
-        """
+        rank's own (its replay buffer, RNG states, place in the data)."""
         final = Path(self.cfg.output_dir) / f"checkpoint-{self.step}"
         with atomic_path(final, owner=self.dist.main) as tmp:
             if self.dist.main:
                 tmp.mkdir(parents=True)
                 self.model.save_pretrained(tmp)
                 self.tokenizer.save_pretrained(tmp)
-                shared = {"step": self.step, "world_size": self.dist.world_size,
-                          "counters": self.counters, "optimizer": self.optimizer.state_dict(),
-                          "scheduler": self.scheduler.state_dict(),
-                          "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None}
-                torch.save(shared, tmp / "trainer_state.pt")
-                (tmp / "grpo_config.json").write_text(json.dumps(self.record, indent=2) + "\n")
+                torch.save({"step": self.step, "world_size": self.dist.world_size, "counters": self.counters,
+                            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                            "ref_model": None if self.ref_model is None else self.ref_model.state_dict()},
+                           tmp / "trainer_state.pt")
+                (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
-            own = {"generations": self.generations, "sample_uid": self.sample_uid,
-                   "last_gen_metrics": self.last_gen_metrics, "buffer": self.buffer.state_dict(), "fresh": self.fresh,
-                   "prompt_sampler": self.prompt_sampler.state_dict(),
+            buffer = {k: v for k, v in vars(self.buffer).items() if k != "generator"}
+            own = {"generations": self.generations, "sample_uid": self.sample_uid, "fresh": self.fresh,
+                   "last_gen_metrics": self.last_gen_metrics, "prompt_sampler": vars(self.prompt_sampler),
+                   "buffer": buffer, "buffer_generator": self.buffer.generator.get_state(),
                    "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
             torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
             self.dist.barrier()
-        if self.dist.main:
-            self._rotate_checkpoints()
+        if self.dist.main and self.cfg.save_total_limit is not None:
+            # keep the checkpoint just written and the newest save_total_limit - 1 before it; later ones (an earlier
+            # attempt at this run) are not counted, so the new one is never the one removed
+            older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
+            for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:
+                shutil.rmtree(path)
         self.dist.barrier()
         return final
-
-    def _rotate_checkpoints(self) -> None:
-        """--save_total_limit N: keep the checkpoint just written and the newest N - 1 before it. Checkpoints of later
-        steps (left by an earlier attempt at this run) are not counted, so the new one is never the one removed."""
-        if self.cfg.save_total_limit is None:
-            return
-        older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
-        for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:
-            shutil.rmtree(path)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl back to the checkpoint's step."""
         from safetensors.torch import load_file
 
-        path = Path(path)
+        path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"
         if not (path / "trainer_state.pt").is_file():
-            raise ConfigError(f"--resume_from_checkpoint {str(path)!r} is not a checkpoint folder "
-                              "(no trainer_state.pt)")
-        # Everything is read onto the CPU: a torch.Generator's state and SSR's priorities must stay there (set_state
-        # refuses a CUDA tensor), and load_state_dict moves the optimizer's state to its parameters' device.
+            raise ConfigError(f"{where} is not a checkpoint folder (no trainer_state.pt)")
+        # Read onto the CPU: a torch.Generator's state and SSR's priorities must stay there, and the optimizer's
+        # load_state_dict moves its state to its parameters' device.
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-        if shared["world_size"] != self.dist.world_size:
-            raise ConfigError(f"--resume_from_checkpoint {str(path)!r} was written by {shared['world_size']} "
-                              f"process(es); resume it with the same number, not {self.dist.world_size}")
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(str(f), device=str(self.device)))
+        own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
+        if shared["world_size"] != self.dist.world_size or len(own["buffer"]["slots"]) != self.buffer.capacity:
+            raise ConfigError(f"{where} was written by {shared['world_size']} process(es) with a buffer of "
+                              f"{len(own['buffer']['slots'])}; resume it with the same number and buffer")
+        weights = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f, str(self.device)).items()}
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
-            raise ConfigError(f"--resume_from_checkpoint {str(path)!r} does not match --model {self.cfg.model!r}")
+            raise ConfigError(f"{where} does not match --model {self.cfg.model!r}")
         self.model.tie_weights()
-        self.step, self.counters = shared["step"], shared["counters"]
         self.optimizer.load_state_dict(shared["optimizer"])
         self.scheduler.load_state_dict(shared["scheduler"])
         if self.ref_model is not None and shared["ref_model"] is not None:
             self.ref_model.load_state_dict(shared["ref_model"])
-        own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
-        self.generations, self.sample_uid = own["generations"], own["sample_uid"]
-        self.last_gen_metrics = own["last_gen_metrics"]
-        def to_device(s: Optional[dict]) -> Optional[dict]:
-            return None if s is None else {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
-                                           for k, v in s.items()}
-
-        own["buffer"]["slots"] = [to_device(s) for s in own["buffer"]["slots"]]
-        self.buffer.load_state_dict(own["buffer"])  # the samples on the training device, the sampler on the CPU
-        self.fresh = [to_device(s) for s in own["fresh"]]
-        self.prompt_sampler.load_state_dict(own["prompt_sampler"])
-        rng = own["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"].cpu())
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        to_device = lambda s: None if s is None else {k: v.to(self.device) if torch.is_tensor(v) else v  # noqa: E731
+                                                      for k, v in s.items()}
+        vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
+        self.buffer.generator.set_state(own["buffer_generator"])  # the samples on the training device, it on the CPU
+        vars(self.prompt_sampler).update(own["prompt_sampler"])
+        self.step, self.counters, self.fresh = shared["step"], shared["counters"], [to_device(s) for s in own["fresh"]]
+        self.generations, self.sample_uid, self.last_gen_metrics = (own[k] for k in ("generations", "sample_uid",
+                                                                                     "last_gen_metrics"))
+        random.setstate(own["rng"]["python"])
+        np.random.set_state(own["rng"]["numpy"])
+        torch.set_rng_state(own["rng"]["torch"].cpu())
+        if own["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in own["rng"]["cuda"]])
         if self.cfg.max_steps < self.step:
             raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {self.step}")
         saved_max_steps = json.loads((path / "grpo_config.json").read_text()).get("max_steps")
-        if self.dist.main and saved_max_steps not in (None, self.cfg.max_steps):
+        if self.dist.main and saved_max_steps != self.cfg.max_steps:
             print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved_max_steps}: the linear "
                   f"learning-rate schedule now reaches 0 at step {self.cfg.max_steps}, so steps after {self.step} "
                   "differ from the original run's", file=sys.stderr)
         if self.dist.main:
             for name in ("metrics.jsonl", "completions.jsonl"):
                 truncate_metrics(Path(self.cfg.output_dir) / name, self.step)
-            metrics = Path(self.cfg.output_dir) / "metrics.jsonl"
-            self.log_history = [json.loads(line) for line in metrics.read_text().splitlines()] \
-                if metrics.is_file() else []
+            self.log_history = read_lines(Path(self.cfg.output_dir) / "metrics.jsonl")
         self.resumed_from = path
         self.dist.barrier()
 
 
-def abs_log_ratio_sum(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
-                      completion_mask: torch.Tensor, rows: torch.Tensor) -> tuple[float, float]:
-    """Sum of |log pi - log pi_old| over the completion tokens of the selected rows, and their token count.
-    (B, C), (B, C), (B, C), (B,) bool -> (sum, count). How far the policy has moved from the one that sampled a
-    replayed completion: 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon."""
-    mask = completion_mask.bool() & rows[:, None]
-    return float((per_token_logps - old_per_token_logps).abs()[mask].sum()), float(mask.sum())
+def effective_sample_size(buffer: ReplayBuffer) -> float:
+    """1 / sum P(i)^2: how many samples the buffer's draw distribution is worth; its size when uniform."""
+    weights = buffer._weights() if isinstance(buffer, SSRReplayBuffer) else torch.ones(len(buffer))
+    return float(weights.sum() ** 2 / (weights ** 2).sum()) if weights.sum() > 0 else 0.0
+
+
+def held_out_rows(cfg: GRPOConfig, dataset, eval_dataset, main: bool = True) -> Optional[list[dict]]:
+    """The held-out prompts: eval_dataset if passed; else --eval_dataset or --dataset's held-out split, but not for a
+    data set passed in from Python (it is not the one --dataset names). None: no evaluation."""
+    rows = None
+    if eval_dataset is not None:
+        rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
+    elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):
+        rows = load_eval_prompts(cfg)
+    if cfg.eval_steps > 0 and rows is None and main:
+        source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
+        print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
+              file=sys.stderr)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The health report: what a run's own metrics say went wrong, with the fix in a few words. Silent when all is well.
+# ----------------------------------------------------------------------------------------------------------------------
+
+TRUNCATED = 0.9  # the share of completions cut at max_completion_length above which they "never ended"
+NO_SPREAD = 0.5  # the share of groups without reward spread above which most of the batch taught nothing
+FLAT = 1.0  # a training reward whose change is within one standard error of its step-to-step noise did not move
+ZERO_GRAD = 0.5  # the share of trained steps with a gradient of exactly 0 above which the weights mostly stood still
+STALE = 1.0  # a replayed token's mean |log ratio| above which replays come from a policy far from the current one
+
+
+def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
+    """One line for each failure that a run's metrics show (training lines and held-out lines, as read_metrics gives
+    them), each with its fix; none when all is well. The thresholds are the constants above."""
+    def mean(key, rows=train):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        return sum(values) / len(values) if values else math.nan
+
+    if not train:
+        return []
+    lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
+    if mean("frac_truncated", late) > TRUNCATED:
+        lines.append(f"{mean('frac_truncated', late):.0%} of completions in the second half of training hit "
+                     f"--max_completion_length {cfg.max_completion_length} without an EOS: they never ended. A "
+                     "plain-string prompt gives an instruct model no chat template to end its turn (pass chat "
+                     "messages), or the budget is short for the answer (raise --max_completion_length).")
+    if mean("frac_reward_zero_std") > NO_SPREAD:
+        plain = BUFFER_CLASSES[cfg.replay_buffer_class] == "ReplayBuffer" and not getattr(cfg, "dynamic_sampling", 0)
+        lines.append(f"{mean('frac_reward_zero_std'):.0%} of groups had no reward spread, so their advantages were 0 "
+                     "and they taught nothing: raise --num_generations or --temperature" + (
+                         ", or try --dynamic_sampling or --replay_buffer_class SSRReplayBuffer." if plain else "."))
+    ends = [np.array([r["reward"] for r in part if math.isfinite(r.get("reward", math.nan))])
+            for part in (train[:quarter], train[-quarter:])]
+    if len(train) >= 8 and all(len(e) > 1 for e in ends):
+        noise = math.sqrt(sum(e.var(ddof=1) / len(e) for e in ends))  # the standard error of the change
+        if 0 < noise and abs(ends[1].mean() - ends[0].mean()) <= FLAT * noise:  # (a constant reward: no spread)
+            lines.append(f"the training reward did not move: {ends[0].mean():.3g} over the first quarter of the steps "
+                         f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
+                         f"another --learning_rate (this run: {cfg.learning_rate:g}).")
+    for key in ("eval_greedy_reward", "eval_reward"):
+        values = [r[key] for r in evals if key in r]
+        if len(values) > 1 and max(values) - min(values) < 1e-9:
+            lines.append(f"the held-out {'greedy ' if 'greedy' in key else 'sampled '}reward was {values[0]:.3g} at "
+                         f"every evaluation (steps {evals[0]['step']} to {evals[-1]['step']}): the policy did not "
+                         "change what it answers.")
+    trained = [r for r in train if "grad_norm" in r and not r.get("skipped_empty")]
+    zeros = sum(r["grad_norm"] == 0 for r in trained)
+    if trained and zeros > ZERO_GRAD * len(trained):
+        lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
+                     "the weights (every trained advantage 0, or every ratio clipped).")
+    if mean("replay_abs_log_ratio") > STALE:
+        lines.append(f"replayed tokens had a mean |log ratio| of {mean('replay_abs_log_ratio'):.3g} to the current "
+                     f"policy, far outside the clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age "
+                     "or --ssr_age_decay, or the --learning_rate.")
+    for key, why in (("nonfinite_steps", "a non-finite loss or gradient"), ("skipped_steps", "nothing to train on")):
+        if train[-1].get(key):
+            lines.append(f"{train[-1][key]} step(s) made no update: {why}.")
+    return [f"health: {line}" for line in lines]
+
+
+def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
+    """For an SSR run: what replay did, measured over its training lines."""
+    if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
+        return []
+    def mean(key):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else math.nan
+    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean('replay_frac'):.1%} of trained samples "
+            f"replayed (replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
+            f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -2612,37 +2264,42 @@ def _tqdm_disabled() -> bool:
     return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep the complete lines of metrics.jsonl up to `last_step`, so a resumed run neither repeats nor loses steps."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
+def read_lines(path: Path) -> list[dict]:
+    """The complete JSON lines of a file; a torn last line (a hard kill) ends it."""
+    rows = []
+    for line in Path(path).read_text().splitlines() if Path(path).is_file() else []:
         try:
-            if json.loads(line)["step"] <= last_step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError):
-            break  # a torn last line from a hard kill
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(line + "\n" for line in keep))
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
 
 
-def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines of a metrics.jsonl (an evaluation line has `eval_reward`)."""
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the lines of metrics.jsonl up to `last_step`, so a resumed run neither repeats nor loses steps."""
+    if Path(path).is_file():
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(json_line(r) for r in read_lines(path) if r.get("step", math.inf) <= last_step))
+
+
+def split_metrics(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The training lines and the evaluation lines (an evaluation line has `eval_reward`)."""
     return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
 
 
+def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """The training lines and the evaluation lines of a metrics.jsonl."""
+    return split_metrics(read_lines(path))
+
+
 def plot_metrics(output_dir: Path) -> Optional[Path]:
-    """Draw output_dir/metrics.png (see `metrics_figure`). matplotlib is imported there, not at the top, so the trainer
-    does not need it; without it the plot is skipped."""
+    """Draw output_dir/metrics.png (see `metrics_figure`); without matplotlib the plot is skipped."""
     try:
         fig = metrics_figure(output_dir)
     except ImportError:
         print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
         return None
-    path = Path(output_dir) / "metrics.png"
-    fig.savefig(path, dpi=100)
+    fig.savefig(path := Path(output_dir) / "metrics.png", dpi=100)
     return path
 
 
@@ -2656,10 +2313,9 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
 
 
 def metrics_figure(output_dir: Path):
-    """The figure of a run: training reward, held-out evaluation, replay (replay_frac and frac_zero_adv_trained),
-    frac_reward_zero_std, clip_ratio and completion length; each training metric raw (thin) under its trailing mean
-    over a twentieth of the run. The title names the model, the reward and the buffer. Built without pyplot, so it
-    renders to a file (Agg) and leaves pyplot's backend and state alone, in a notebook too."""
+    """The figure of a run: training reward, held-out evaluation, replay, the panels the health report reads
+    (frac_reward_zero_std, frac_truncated, grad_norm) and clip_ratio; each training metric raw (thin) under its
+    trailing mean over a twentieth of the run. Built without pyplot, so it leaves pyplot's state alone."""
     from matplotlib.figure import Figure
 
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
@@ -2667,12 +2323,14 @@ def metrics_figure(output_dir: Path):
     cfg = json.loads(settings.read_text()) if settings.is_file() else {}
     steps, window = [r["step"] for r in train], max(1, len(train) // 20)
     fig = Figure(figsize=(14, 6.5))
-    axes = fig.subplots(2, 3, sharex=True)
+    axes = fig.subplots(2, 4, sharex=True)
     panels = [(axes[0, 0], ("reward",), "training reward (generation batch)"),
               (axes[0, 2], ("replay_frac", "frac_zero_adv_trained"), "replay: share of the trained samples"),
+              (axes[0, 3], ("clip_ratio",), "clip_ratio (tokens clipped)"),
               (axes[1, 0], ("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
-              (axes[1, 1], ("clip_ratio",), "clip_ratio (tokens clipped)"),
-              (axes[1, 2], ("completion_length",), "completion_length (tokens)")]
+              (axes[1, 1], ("frac_truncated",), "frac_truncated (no EOS)"),
+              (axes[1, 2], ("grad_norm",), "grad_norm (before clipping)"),
+              (axes[1, 3], ("completion_length",), "completion_length (tokens)")]
     for ax, keys, title in panels:
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
@@ -2680,12 +2338,12 @@ def metrics_figure(output_dir: Path):
             ax.plot(steps, trailing_mean(raw, window), lw=1.6, color=color, label=key)
         if len(keys) > 1:
             ax.legend(fontsize=8)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=9)
     ax = axes[0, 1]
     kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
     for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):
         ax.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
-    ax.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=10)
+    ax.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
     if evals:
         ax.legend(fontsize=8)
     for ax in axes[1]:
@@ -2711,20 +2369,18 @@ def find_last_checkpoint(output_dir: str) -> Optional[Path]:
 
 
 RUN_FILES = ("metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json")
-RUN_FOLDERS = ("checkpoint-*", ".tmp-checkpoint-*", ".tmp-model")
 
 
 def save_model_files(model, tokenizer, out: Path) -> None:
     """save_pretrained into a temporary folder, then move each file into `out` and list the names in
-    model_files.json: the exact files written, whatever the model and tokenizer, so an overwrite removes those."""
+    model_files.json: the exact files written, so that an overwrite removes those and nothing else."""
     tmp = out / ".tmp-model"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     names = sorted(p.name for p in tmp.iterdir())
     for name in names:
-        if (out / name).is_dir():
-            shutil.rmtree(out / name)
+        _remove(out / name)
         (tmp / name).replace(out / name)
     tmp.rmdir()
     (out / "model_files.json").write_text(json.dumps(names) + "\n")
@@ -2733,77 +2389,32 @@ def save_model_files(model, tokenizer, out: Path) -> None:
 def run_files(output_dir: str | Path) -> list[Path]:
     """What a run wrote into output_dir, and nothing else: the paths --overwrite_output_dir removes."""
     out = Path(output_dir)
-    found = [out / name for name in RUN_FILES] + [p for pattern in RUN_FOLDERS for p in out.glob(pattern)]
-    listed = out / "model_files.json"
-    if listed.is_file():
-        found += [out / n for n in json.loads(listed.read_text()) if n == Path(n).name]  # plain names only
+    listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
+    found = [out / n for n in [*RUN_FILES, *listed] if n == Path(n).name] + checkpoints(out) + [*out.glob(".tmp-*")]
     return sorted({p for p in found if p.exists()})
 
 
-def holds_a_run(output_dir: str | Path) -> bool:
-    """Whether output_dir holds a run worth keeping: its metrics.jsonl has a training line (a finished step), or it
-    has a checkpoint past step 0 or a saved model. A run that crashed before its first step (a reward that raises,
-    say) left only grpo_config.json and an empty metrics.jsonl: that is not one."""
-    out = Path(output_dir)
-    if not (out / "metrics.jsonl").exists():
-        return False
-    trained = False
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        try:
-            trained = trained or "eval_reward" not in json.loads(line)
-        except json.JSONDecodeError:
-            break  # a torn last line
-    saved = any(int(p.name.split("-")[-1]) > 0 for p in checkpoints(out)) or (out / "model_files.json").exists()
-    return trained or saved
-
-
 def check_output_dir(cfg: GRPOConfig) -> None:
-    """A fresh run refuses a folder that holds another run, unless --overwrite_output_dir; and an overwrite (or a
-    start over a run that finished no step) refuses to start if removing the old run's files would remove the data
-    set this run is about to read."""
+    """A fresh run refuses a folder that holds another run (a metrics.jsonl with a finished step; a run that crashed
+    before its first step does not count), unless --overwrite_output_dir; and clearing the old run's files must not
+    remove the data set this run is about to read."""
     out = Path(cfg.output_dir)
-    if holds_a_run(out) and not cfg.overwrite_output_dir:
+    if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if find_last_checkpoint(out) else ""
         raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
                           f"replace it, {resume}or another --output_dir")
-    clearing = cfg.overwrite_output_dir or (out / "metrics.jsonl").exists()
-    data = Path(cfg.dataset).resolve() if cfg.dataset != "builtin" and Path(cfg.dataset).exists() else None
-    for path in run_files(out) if clearing and data is not None else []:
+    data = Path(cfg.dataset).resolve() if Path(cfg.dataset).exists() else None
+    for path in run_files(out) if data is not None else []:
         path = path.resolve()
         if path == data or path in data.parents or data in path.parents:
-            raise ConfigError(f"--overwrite_output_dir would remove {str(path)!r}, which holds --dataset "
-                              f"{cfg.dataset!r}; move the data set out of the run's files or use another --output_dir")
-
-
-def clear_run(output_dir: str | Path) -> None:
-    for path in run_files(output_dir):
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+            raise ConfigError(f"--output_dir {cfg.output_dir!r}: starting a run there would remove {str(path)!r}, "
+                              f"which holds --dataset {cfg.dataset!r}; move the data set or use another --output_dir")
 
 
 def json_line(row: dict) -> str:
     """One line of strict JSON: NaN and infinities (a reward no function scored, say) become null."""
     clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
     return json.dumps(clean, allow_nan=False) + "\n"
-
-
-def replay_summary(rows: list[dict], cfg: GRPOConfig) -> str:
-    """One line on what replay did over a run's training lines: the mean share of trained samples that were replayed
-    (replay_frac) and that trained with advantage 0 (frac_zero_adv_trained), and of groups with no reward spread
-    (frac_reward_zero_std). Where replay did almost nothing, it names a run where it matters (numbers measured with
-    that command: seed 0, one thread, 2026-12-01, after SSR took its old log-probs from the training forward)."""
-    def mean(key: str) -> float:
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        return sum(values) / len(values) if values else math.nan
-
-    ssr = BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer"
-    line = (f"replay ({'SSR, ' + cfg.ssr_mode if ssr else 'uniform buffer: plain GRPO'}) over {len(rows)} steps: "
-            f"{mean('replay_frac'):.1%} of trained samples replayed (replay_frac), "
-            f"{mean('frac_zero_adv_trained'):.1%} trained with advantage 0; {mean('frac_reward_zero_std'):.1%} of "
-            "groups had no reward spread")
-    if ssr and not mean("replay_frac") >= 0.05:
-        line += ("; it matters where groups lack spread: python grpo_ssr.py --reward_funcs reward_len_binary has "
-                 "49.6% of groups without spread and replays 40.1%")
-    return line
 
 
 def print_outputs(out: Path) -> None:
@@ -2823,51 +2434,32 @@ RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_ste
                      "device", "logits_chunk_size", "num_threads")
 
 
-def checkpoint_path(cfg: GRPOConfig) -> Optional[Path]:
-    """The checkpoint folder --resume_from_checkpoint names ('last': the newest in --output_dir), or None."""
-    resume = cfg.resume_from_checkpoint
-    if resume is None:
-        return None
-    if resume == "last":
-        found = find_last_checkpoint(cfg.output_dir)
-        if found is None:
-            raise ConfigError(f"--resume_from_checkpoint last: no checkpoint-* folder in --output_dir {cfg.output_dir!r}")
-        return found
-    if not Path(resume).is_dir():
-        raise ConfigError(f"--resume_from_checkpoint {resume!r}: no such folder")
-    if not (Path(resume) / "grpo_config.json").is_file():
-        raise ConfigError(f"--resume_from_checkpoint {resume!r} is not a checkpoint folder (no grpo_config.json)")
-    return Path(resume)
-
-
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
     """The settings a resumed run trains with: the checkpoint's own (its grpo_config.json) and its own folder.
 
-    `given` names the options the user set: the CLI knows them from the command line; from Python they are the
-    fields that differ from GRPOConfig's defaults. A given option may differ from the checkpoint's only if it is in
-    RESUME_MAY_CHANGE; any other difference is refused, as is resuming into a folder that holds another run.
-    Resolving a resolved config changes nothing.
+    `given` names the options the user set (from Python: the fields that differ from the defaults). A given option
+    may differ from the checkpoint's only if it is in RESUME_MAY_CHANGE, and a run resumes in its own folder or an
+    empty one. Resolving a resolved config changes nothing.
     """
-    path = checkpoint_path(cfg)
-    if path is None:
+    resume = cfg.resume_from_checkpoint
+    if resume is None:
         return cfg
-    saved = json.loads((path / "grpo_config.json").read_text())
-    if isinstance(saved.get("scale_rewards"), bool):  # older runs recorded true or false
-        saved["scale_rewards"] = SCALE_REWARDS[str(saved["scale_rewards"]).lower()]
-    defaults = GRPOConfig()
-    given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)} \
-        if given is None else given
+    path = find_last_checkpoint(cfg.output_dir) if resume == "last" else Path(resume)
+    if path is None or not (path / "grpo_config.json").is_file():
+        raise ConfigError(f"--resume_from_checkpoint {resume!r}: " + (
+            f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
+            "no such folder" if not path.is_dir() else "not a checkpoint folder (no grpo_config.json)"))
+    saved, defaults = json.loads((path / "grpo_config.json").read_text()), GRPOConfig()
+    if given is None:
+        given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
     values = {}
     for f in dataclasses.fields(cfg):
         ours = getattr(cfg, f.name)
-        if f.name not in saved or (f.name in given and f.name in RESUME_MAY_CHANGE):  # newer field, or a safe change
-            values[f.name] = ours
-        elif f.name in given and ours != saved[f.name]:
+        if f.name in given and f.name not in RESUME_MAY_CHANGE and ours != saved.get(f.name, ours):
             raise ConfigError(f"--{f.name} {ours!r} conflicts with the checkpoint's {saved[f.name]!r} "
                               f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
                               "--logits_chunk_size and --num_threads may change")
-        else:
-            values[f.name] = saved[f.name]
+        values[f.name] = ours if f.name not in saved or f.name in given else saved[f.name]
     own = path.resolve().parent
     values.update(resume_from_checkpoint=str(path), output_dir=cfg.output_dir if "output_dir" in given else str(own))
     if Path(values["output_dir"]).resolve() != own and (Path(values["output_dir"]) / "metrics.jsonl").exists():
@@ -2880,11 +2472,8 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
 # The CLI: parse, train (or only evaluate).
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _parser(given_only: bool = False):
-    """The CLI, generated from GRPOConfig. given_only: every default is left out, so parsing returns only the
-    options the user actually wrote (which a resume must tell apart from the checkpoint's settings)."""
-    import argparse
-
+def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
+    """The config the command line writes, not yet resolved for a resume, and the options it names."""
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
@@ -2892,40 +2481,25 @@ def _parser(given_only: bool = False):
             print(f"error: {message} (see --help)", file=sys.stderr)
             sys.exit(2)
 
-    parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0])
-    for name, help in NO_FLAG_HELP.items():  # the flag a bool field would have had (scale_rewards takes words now)
-        parser.add_argument(f"--no_{name}", dest=name, action="store_const", const="none", default=argparse.SUPPRESS,
-                            help=help)
-    if given_only:
-        for action in parser._actions:
-            action.default = argparse.SUPPRESS
-    return parser
-
-
-def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
-    """The config the command line means. With --resume_from_checkpoint, the checkpoint's settings fill in every
-    option not written on the command line (raises ConfigError on a conflict)."""
-    return resume_config(*parse_cli(argv))
-
-
-def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
-    """The config the command line writes, not yet resolved, and the options it names."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    parser = _parser()
+    parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0], allow_abbrev=False)
     cfg, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         flag = unknown[0].split("=")[0]
-        why = unsupported_option(flag[2:].replace("-", "_"), prefix="--") if flag.startswith("--") else None
-        if why:  # a TRL or transformers option: say what to use, never a look-alike flag that means something else
-            raise ConfigError(why)
-        flags = [s for a in parser._actions for s in a.option_strings[:1] if s.startswith("--")]
-        close = difflib.get_close_matches(flag, flags, n=1)
-        parser.error(f"unknown option {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
-    return cfg, set(vars(_parser(given_only=True).parse_known_args(argv)[0]))
+        raise ConfigError(not_a_field(flag[2:].replace("-", "_"), "--") if flag.startswith("--") else
+                          f"unexpected argument {unknown[0]!r} (see --help)")
+    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    return cfg, {n[3:] if n.startswith("no_") and n not in names & set(GRPOConfig.__dataclass_fields__) else n
+                 for n in names} & set(GRPOConfig.__dataclass_fields__)
 
 
-def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None,
-                  cli_options: Optional[set[str]] = None) -> list[dict]:
+def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
+    """The config the command line means: with --resume_from_checkpoint, the checkpoint's settings fill in every
+    option not written on the command line (a ConfigError on a conflict)."""
+    return resume_config(*parse_cli(argv))
+
+
+def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[str]] = None) -> list[dict]:
     """--eval_only: score --model, and the trained model saved in --output_dir if there is one, on the same held-out
     prompts with the same seed, and print them side by side. Writes nothing. Returns one metrics dict per model."""
     cfg = resume_config(cfg, cli_options)
@@ -2936,9 +2510,8 @@ def evaluate_only(cfg: GRPOConfig, reward_funcs: Optional[list[Callable]] = None
         raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
     device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg))
     trained = Path(cfg.output_dir)
-    names = [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else [])
     results = []
-    for name in names:
+    for name in [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else []):
         set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
         model, tokenizer = load_model(name)
         check_positions(cfg, model)
@@ -2964,7 +2537,13 @@ def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwarg
         return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"), cli_options)
     trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
     if trainer.dist.main:
-        print(json.dumps(trainer.record), flush=True)
+        c = trainer.cfg
+        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
+        ran = trainer.record_of_run  # names what was passed from Python, too
+        print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
+              f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; {c.max_steps} "
+              f"step(s) of {c.generation_batch_size} completions; every setting: "
+              f"{Path(c.output_dir) / 'grpo_config.json'}", flush=True)
     return trainer.train()
 
 
