@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,14 @@ def cfg_factory(tmp_path):
     return lambda **kw: small_config(tmp_path, **kw)
 
 
+@pytest.fixture
+def keep_threads():
+    """Trainers of the tiny model set torch's thread count: leave the rest of the suite as it was."""
+    threads = torch.get_num_threads()
+    yield threads
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """One tiny model and tokenizer, seeded, shared by the tests that only read them."""
@@ -57,6 +66,11 @@ def error_line(capsys) -> str:
 def metrics_lines(out) -> tuple[list[dict], list[dict]]:
     """The training lines and the held-out evaluation lines of a run's metrics.jsonl."""
     return grpo_ssr.read_metrics(Path(out) / "metrics.jsonl")
+
+
+def metrics_rows(out) -> list[dict]:
+    """Every line of a run's metrics.jsonl, training and evaluation lines alike, in the file's order."""
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 def training_rows(out) -> list[dict]:

@@ -144,18 +144,44 @@ def test_ssr_draws_follow_abs_advantage_power_alpha(alpha):
 def test_effective_sample_size():
     buf = g.SSRReplayBuffer(capacity=8, alpha=1.0)
     buf.add(_items([1.0, 1.0, 1.0, 1.0]))
-    assert buf.effective_sample_size() == pytest.approx(4.0)
+    assert g.effective_sample_size(buf) == pytest.approx(4.0)
     buf.add(_items([100.0]))
-    assert buf.effective_sample_size() < 1.2
+    assert g.effective_sample_size(buf) < 1.2
+    uniform = g.ReplayBuffer(capacity=8)  # the uniform buffer's draws are worth its size
+    uniform.add(_items([1.0, 0.0, 100.0]))
+    assert g.effective_sample_size(uniform) == pytest.approx(3.0)
+    assert g.effective_sample_size(g.SSRReplayBuffer(capacity=4)) == 0.0  # empty: nothing to draw
+
+
+def _checkpoint_round_trip(buf, copy):
+    """What save_checkpoint and load_checkpoint do with a buffer: vars(buffer) less the generator, whose state is
+    saved beside it (buffer_generator), through torch.save and torch.load."""
+    import io
+
+    blob = io.BytesIO()
+    torch.save({"buffer": {k: v for k, v in vars(buf).items() if k != "generator"},
+                "buffer_generator": buf.generator.get_state()}, blob)
+    blob.seek(0)
+    own = torch.load(blob, weights_only=False)
+    assert "generator" not in own["buffer"]
+    vars(copy).update(own["buffer"])
+    copy.generator.set_state(own["buffer_generator"])
 
 
 def test_buffer_state_dict_round_trip():
     buf = g.SSRReplayBuffer(capacity=4, alpha=1.0, seed=3)
     buf.add(_items([1.0, 0.0, 2.0, 3.0, 4.0]))
     copy = g.SSRReplayBuffer(capacity=4, alpha=1.0, seed=99)
-    copy.load_state_dict(buf.state_dict())
+    _checkpoint_round_trip(buf, copy)
     assert [s["uid"] for s in buf.sample(50)] == [s["uid"] for s in copy.sample(50)]
     assert copy.rejected == 1 and len(copy) == 4
+    uniform = g.ReplayBuffer(capacity=4, seed=3)  # mid-queue: the rest of its permutation carries over
+    uniform.add(_items([1.0, 0.0, 2.0, 3.0]))
+    uniform.sample(1)
+    copy = g.ReplayBuffer(capacity=4, seed=99)
+    _checkpoint_round_trip(uniform, copy)
+    draws = lambda b: [s["uid"] for s in b.sample(3) + b.sample(4)]
+    assert draws(uniform) == draws(copy)
 
 
 # --- ages: the decayed priority and the age limit (arXiv 2604.16918 and 2606.04560) -----------------------------------
@@ -188,7 +214,7 @@ def test_ssr_draws_follow_the_age_decayed_priority():
     assert _chi2(counts, target) < CHI2_CRIT_7DOF
     plain = np.abs(AGED_ADVS) / np.abs(AGED_ADVS).sum()  # power: the undecayed |A| is told apart
     assert _chi2(counts, plain) > 10 * CHI2_CRIT_7DOF
-    assert buf.effective_sample_size() == pytest.approx(1 / (target ** 2).sum())
+    assert g.effective_sample_size(buf) == pytest.approx(1 / (target ** 2).sum())
 
 
 def test_ssr_age_limit_evicts_and_never_draws_old_samples():
@@ -240,7 +266,7 @@ def test_aged_buffer_state_dict_round_trip():
     buf.add(_aged_items())
     buf.advance_to(3)
     copy = g.SSRReplayBuffer(capacity=16, alpha=1.0, seed=99, max_age=2, age_decay=1.5)
-    copy.load_state_dict(buf.state_dict())
+    _checkpoint_round_trip(buf, copy)
     assert copy.now == 3 and len(copy) == len(buf) == 6
     assert torch.equal(copy.probabilities(), buf.probabilities())
     assert [s["uid"] for s in buf.sample(50)] == [s["uid"] for s in copy.sample(50)]
@@ -251,5 +277,7 @@ def test_aged_buffer_state_dict_round_trip():
 def test_short_aliases_select_the_same_buffers(cfg_factory):
     assert type(g.make_buffer(cfg_factory(replay_buffer_class="ssr"))) is g.SSRReplayBuffer
     assert type(g.make_buffer(cfg_factory(replay_buffer_class="uniform"))) is g.ReplayBuffer
-    cfg = cfg_factory()
+    cfg = cfg_factory(replay_buffer_class="SSRReplayBuffer")
     assert g.make_buffer(cfg).capacity == cfg.generation_batch_size * cfg.ssr_capacity_scalar
+    default = g.make_buffer(cfg_factory())  # the default: plain GRPO, one generation batch
+    assert type(default) is g.ReplayBuffer and default.capacity == cfg.generation_batch_size

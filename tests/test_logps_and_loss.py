@@ -20,14 +20,13 @@ def _full_logits_logps(model, ids, attn, keep, temperature):
 
 # --- per_token_logps --------------------------------------------------------------------------------------------------
 
-def test_full_logits_path_upcasts_bf16_before_the_temperature(monkeypatch):
+def test_full_logits_path_upcasts_bf16_before_the_temperature():
     tok = g.build_tiny_tokenizer()
     torch.manual_seed(0)
     model = g.build_tiny_model(len(tok))
     with torch.no_grad():
         model.lm_head.weight.mul_(200)  # logits in the tens, where bf16 rounding of logits / T shows
     model = model.to(torch.bfloat16)
-    monkeypatch.setattr(g, "_lean_head", lambda model: None)  # take the full-logits path
     ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
     attn = torch.ones_like(ids)
     with torch.no_grad():
@@ -144,17 +143,19 @@ def test_beta_training_steps_stay_finite_with_extreme_padded_logps(cfg_factory, 
     at every padded slot is -1000 (as a low temperature gives the pad token). No step may become non-finite."""
     trainer = g.GRPOTrainer(cfg_factory(beta=0.1, max_steps=3, temperature=0.5))
     scripted_sampler(monkeypatch, [2, 5, 9, 15], trainer.tokenizer.eos_token_id)
-    real = g.per_token_logps
+    real, planted_calls = g.lean_logps, []
 
-    def planted(model, input_ids, attention_mask, logits_to_keep, *a, **kw):
+    def planted(model, input_ids, attention_mask, logits_to_keep, *a, **kw):  # the trainer's log-probs (LeanLogProbs)
+        planted_calls.append(1)
         lp = real(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
         return lp.masked_fill(attention_mask[:, -logits_to_keep:] == 0, -1000.0)
 
-    monkeypatch.setattr(g, "per_token_logps", planted)
+    monkeypatch.setattr(g, "lean_logps", planted)
     for _ in range(3):
         m = trainer.train_step()
         assert math.isfinite(m["loss"]) and math.isfinite(m["kl"]) and m["skipped"] == 0, m
     assert trainer.counters["nonfinite_steps"] == 0
+    assert planted_calls  # the planted log-probs are the ones the steps trained with
 
 
 # --- the k3 KL penalty and its bias correction ------------------------------------------------------------------------
@@ -299,7 +300,8 @@ def test_chunked_logps_and_grads_equal_full_logits(chunk_size):
     attn[0, :4] = 0
     keep, temperature = 6, 0.8
 
-    lean = g.per_token_logps(model, ids, attn, keep, temperature, chunk_size=chunk_size)
+    assert g.lean_head(model) is model.lm_head  # the lean path is the one measured here
+    lean = g.lean_logps(model, ids, attn, keep, temperature, chunk_size=chunk_size)
     weights = torch.randn_like(lean)
     (lean * weights).sum().backward()
     lean_grads = [p.grad.clone() for p in model.parameters()]
@@ -345,9 +347,9 @@ def test_lean_path_never_builds_full_logits():
             return out
 
     ids = torch.randint(0, 256, (4, 12))
-    assert g._lean_head(model) is model.lm_head  # the once-per-model probe (8 tokens of logits) runs here, before
+    assert g.lean_head(model) is model.lm_head  # the once-per-model probe (8 tokens of logits) runs here, before
     with VocabSized():
-        lp = g.per_token_logps(model, ids, torch.ones_like(ids), 10, chunk_size=4)
+        lp = g.lean_logps(model, ids, torch.ones_like(ids), 10, chunk_size=4)
         lp.sum().backward()
     assert lp.shape == (4, 10) and len(rows) > 10 and max(rows) == 4
 
@@ -412,12 +414,12 @@ def test_lean_path_is_taken_when_the_probe_agrees_and_the_fallback_gives_plain_v
     tok = g.build_tiny_tokenizer()
     model = g.build_tiny_model(len(tok))
     model.config.final_logit_softcapping = 30.0
-    assert g._lean_head(model) is model.lm_head
+    assert g.lean_head(model) is model.lm_head
     torch.manual_seed(0)
     ids = torch.randint(0, 256, (2, 9))
     attn = torch.ones_like(ids)
-    monkeypatch.setattr(g, "_lean_head", lambda model: None)  # the fallback still gives the plain values
-    assert torch.allclose(g.per_token_logps(model, ids, attn, 4), _full_logits_logps(model, ids, attn, 4, 1.0),
+    monkeypatch.setattr(g, "lean_head", lambda model: None)  # the fallback still gives the plain values
+    assert torch.allclose(g.lean_logps(model, ids, attn, 4), _full_logits_logps(model, ids, attn, 4, 1.0),
                           atol=1e-5)
 
 
@@ -453,16 +455,16 @@ def test_models_that_post_process_logits_take_the_full_path(build, post, neutral
                                      .last_hidden_state[:, -5:-1], model.lm_head, ids[:, -4:], 0.7, 512).detach()
     full = _full_logits_logps(model, ids, attn, 4, 0.7)
     assert (head_only - full).abs().max() > 1e-3
-    # ... and the probe catches it: per_token_logps equals the full-logits path
+    # ... and the probe catches it: lean_logps equals the full-logits path
     calls = []
     real_probe = g._lean_matches_full
     monkeypatch.setattr(g, "_lean_matches_full", lambda *a, **k: calls.append(1) or real_probe(*a, **k))
-    assert g._lean_head(model) is None
+    assert g.lean_head(model) is None
     for _ in range(2):
-        assert torch.allclose(g.per_token_logps(model, ids, attn, 4, 0.7).detach(), full, atol=1e-5)
+        assert torch.allclose(g.lean_logps(model, ids, attn, 4, 0.7).detach(), full, atol=1e-5)
     assert len(calls) == 1  # probed once per model
     # the same architecture without post-processing keeps the lean path
     plain = build(neutral)
-    assert g._lean_head(plain) is plain.lm_head
-    assert torch.allclose(g.per_token_logps(plain, ids, attn, 4, 0.7).detach(),
+    assert g.lean_head(plain) is plain.lm_head
+    assert torch.allclose(g.lean_logps(plain, ids, attn, 4, 0.7).detach(),
                           _full_logits_logps(plain, ids, attn, 4, 0.7), atol=1e-5)

@@ -2,6 +2,7 @@
 in the policy, the built-in and arithmetic tasks and their held-out splits, local files, chat prompts, and bad models,
 files and rows refused with one line that names them."""
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -178,3 +179,18 @@ def test_chat_prompts_use_the_chat_template(tmp_path):
     assert texts == ["user: hello 0\nassistant:"]
     trainer.train_step()
     assert seen["completions"][0][0]["role"] == "assistant"
+
+
+def test_a_malformed_jsonl_gives_one_line_naming_the_file(tmp_path, capsys):
+    """datasets' own error, its type and first line, after the file's name: one line, no traceback."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"} trailing\n{"prompt": "d"}\n')
+    assert g.main(["--dataset", str(data), "--output_dir", str(tmp_path / "o"), *SMALL]) == 2
+    line = error_line(capsys)
+    assert re.fullmatch(rf"error: --dataset {re.escape(repr(str(data)))} could not be read: \w+: \S.*", line), line
+    doc = tmp_path / "prompts.json"
+    doc.write_text('[\n  {"prompt": "a"},\n  {"prompt": "b"}\n  {"prompt": "c"}\n]\n')  # a missing comma, line 4
+    assert g.main(["--dataset", str(doc), "--output_dir", str(tmp_path / "o"), *SMALL]) == 2
+    line = error_line(capsys)
+    assert re.fullmatch(rf"error: --dataset {re.escape(repr(str(doc)))} could not be read: \w+: \S.*", line), line
+    assert not (tmp_path / "o").exists()  # refused before any work

@@ -18,7 +18,12 @@ sys.path.insert(0, str(ROOT))
 import grpo_ssr  # noqa: E402
 
 NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+# the course (notebooks/NN_*.ipynb), then the study notebooks beside the studies (notebooks/study/NN_*.ipynb)
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb")) + sorted((NOTEBOOK_DIR / "study").glob("*.ipynb"))
+
+
+def notebook_id(path: Path) -> str:
+    return path.relative_to(NOTEBOOK_DIR).as_posix()
 
 
 def test_the_course_has_notebooks():
@@ -30,9 +35,10 @@ def test_the_course_has_notebooks():
 # ----------------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=notebook_id)
 def test_notebook_runs_top_to_bottom(path):
-    """Execute a copy in a fresh kernel with cwd notebooks/, as a reader would; the file on disk is left untouched."""
+    """Execute a copy in a fresh kernel with cwd the notebook's folder (notebooks/ or notebooks/study/), as a reader
+    would; the file on disk is left untouched."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -143,7 +149,7 @@ def test_detector_catches_redefinitions():
     assert [n.name for n in ast.walk(fallback) if isinstance(n, ast.FunctionDef)] == ["repad"]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=notebook_id)
 def test_notebook_does_not_redefine_grpo_ssr(path):
     nb = json.loads(path.read_text())
     cells = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
@@ -161,77 +167,8 @@ def test_readme_lists_every_notebook():
     readme = ROOT / "README.md"
     assert readme.is_file(), "README.md is missing; it should hold a table of the notebooks"
     text = readme.read_text()
-    missing = [p.name for p in NOTEBOOKS if f"notebooks/{p.name}" not in text]
-    assert not missing, f"README.md does not link these notebooks (as notebooks/NAME): {missing}"
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# The study script behind notebook 05
-# ----------------------------------------------------------------------------------------------------------------------
-
-@pytest.mark.slow
-def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
-    """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
-    bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
-    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
-    import run_study
-
-    import torch
-
-    out = tmp_path / "study"
-    args = ["--arms", "grpo", "ssr_fill", "--learning_rates", "1e-3", "--seeds", "0", "1", "--max_steps", "4",
-            "--points", "2", "4", "--window", "2", "--bootstrap", "200", "--jobs", "1", "--out_dir", str(out),
-            "--set", "max_completion_length=64", "ssr_capacity_scalar=2"]
-    threads = torch.get_num_threads()
-    try:
-        assert run_study.main(args) == 0
-    finally:
-        torch.set_num_threads(threads)  # the script pins one thread; leave the rest of the suite as it was
-    raw = sorted(p.name for p in (out / "raw").iterdir())
-    assert raw == [f"{a}-lr0.001-seed{s}.json.gz" for a in ("grpo", "ssr_fill") for s in (0, 1)]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["settings"]["config"]["ssr_capacity_scalar"] == 2
-    cell = summary["cells"]["0.001"]
-    assert cell["ssr_fill"]["vs_grpo_train"]["auc"]["seeds"] == 2
-    assert set(cell["ssr_fill"]["vs_grpo_train"]) == {"auc", "step2", "step4"}
-    assert cell["grpo"]["staleness"]["frac_zero_adv_trained"] > 0  # GRPO trains zero-advantage samples
-    assert cell["ssr_fill"]["staleness"]["frac_zero_adv_trained"] == 0  # SSR does not
-    assert cell["grpo"]["cost"]["completions_per_run"] == 4 * 16
-    run = run_study.load_raw(out / "raw")[0]
-    assert len(run["train"]["step"]) == 4 and "replay_abs_log_ratio" in run_study.STALENESS
-    if not run["eval"]:
-        assert any("held-out analysis skipped" in n for n in summary["notes"])
-    assert run_study.main(args + ["--analyse_only"]) == 0
-    again = json.loads((out / "summary.json").read_text())
-    assert again == summary  # every number comes back from the raw data
-
-
-def test_run_study_greedy_measures_are_paired_by_seed():
-    """--task arithmetic also compares greedy held-out accuracy: its AUC difference to GRPO is the mean over seeds of
-    the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
-    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
-    import numpy as np
-    import run_study
-
-    runs = [r for r in run_study.load_raw(NOTEBOOK_DIR / "study" / "results" / "replay_study" / "raw")
-            if r["learning_rate"] == 3e-4 and r["arm"] in ("grpo", "ssr_fill_decay")]
-    assert len(runs) == 16
-    summary = run_study.analyse(runs, [50], 10, 200, greedy=True)
-    cell = summary["cells"]["0.0003"]["ssr_fill_decay"]
-
-    def auc(r):
-        steps, values = np.array(r["eval"]["step"], float), np.array(r["eval"]["eval_greedy_reward"], float)
-        return sum((values[i] + values[i + 1]) / 2 * (steps[i + 1] - steps[i]) for i in range(len(steps) - 1)) / (
-            steps[-1] - steps[0])
-
-    by = {(r["arm"], r["seed"]): auc(r) for r in runs}
-    diffs = [by["ssr_fill_decay", s] - by["grpo", s] for s in range(8)]
-    assert cell["vs_grpo_eval_greedy"]["auc"]["mean"] == pytest.approx(float(np.mean(diffs)), abs=1e-6)
-    assert cell["vs_grpo_eval_greedy"]["auc"]["ahead"] == sum(d > 0 for d in diffs)
-    assert "eval_greedy" not in run_study.analyse(runs, [50], 10, 200)["cells"]["0.0003"]["ssr_fill_decay"]
-    task = run_study.TASKS["arithmetic"]
-    grpo_ssr.GRPOConfig(**task["flags"], **run_study.ARMS["ssr_fill_decay"])  # the real-model task is a valid config
-    assert set(task["arms"]) <= set(run_study.ARMS) and task["flags"]["reward_funcs"] == "reward_accuracy"
+    missing = [p.name for p in NOTEBOOKS if p.relative_to(ROOT).as_posix() not in text]
+    assert not missing, f"README.md does not link these notebooks (as notebooks/[study/]NAME): {missing}"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -263,7 +200,7 @@ def test_every_notebook_starts_with_the_same_run_anywhere_cell():
 def test_colab_badges_in_every_notebook_and_in_the_readme():
     slug, readme = repo_slug(), (ROOT / "README.md").read_text()
     for path in NOTEBOOKS:
-        url = f"https://colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}"
+        url = f"https://colab.research.google.com/github/{slug}/blob/main/{path.relative_to(ROOT).as_posix()}"
         nb = json.loads(path.read_text())
         assert url in "".join(nb["cells"][0]["source"]), f"{path.name}: no Colab badge ({url}) in its first cell"
         assert url in readme, f"README.md: no Colab badge for {path.name}"
@@ -277,16 +214,51 @@ def test_committed_outputs_have_no_widgets():
         assert "widgets" not in json.loads(text)["metadata"], f"{path.name}: saved widget state in its metadata"
 
 
-def test_notebook_07_names_the_buffer_settings_it_ran_with():
-    """Notebook 07 trains with the default SSR settings: its committed output prints them and its prose names them,
+def test_notebook_06_names_the_buffer_settings_it_ran_with():
+    """Notebook 06 trains with the default SSR settings: its committed output prints them and its prose names them,
     and both must be today's defaults (the prose once said `replace` after the default had become `fill`)."""
     cfg = grpo_ssr.GRPOConfig()
-    nb = json.loads((NOTEBOOK_DIR / "07_real_model.ipynb").read_text())
+    nb = json.loads((NOTEBOOK_DIR / "06_real_model.ipynb").read_text())
     printed = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
     assert f"(ssr_mode {cfg.ssr_mode}, ssr_age_decay {cfg.ssr_age_decay:g})" in printed
     prose = " ".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     named = re.findall(r"`ssr_mode` (\w+)", prose)
     assert named and set(named) == {cfg.ssr_mode}, f"the prose names ssr_mode {named}; the default is {cfg.ssr_mode}"
+
+
+# A decimal (with its sign) or a percentage, as the prose of a notebook quotes them.
+QUOTED = re.compile(r"-?\d+(?:\.\d+)?%|-?\d+\.\d+")
+
+
+def unquoted_numbers(nb: dict) -> tuple[list[str], list[str]]:
+    """The numbers that the markdown after a notebook's first code cell quotes, and those of them that no code cell's
+    stored output prints (as printed: "0.30" is not "0.3", and "-0.99" needs its minus sign)."""
+    text = lambda part: "".join(part) if isinstance(part, list) else part
+    cells = nb["cells"]
+    first = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+    prose = " ".join(text(c["source"]) for c in cells[first + 1:] if c["cell_type"] == "markdown")
+    printed = "\n".join(text(o.get("text", "")) + text(o.get("data", {}).get("text/plain", ""))
+                         for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+    quoted = QUOTED.findall(prose)
+    return quoted, [n for n in dict.fromkeys(quoted) if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", printed)]
+
+
+def test_notebook_08_prose_quotes_its_outputs():
+    """Every figure in notebook 08's prose comes from its own outputs: each decimal and percentage in its markdown
+    (after the set-up cell) is printed by some code cell. The check must fail when a quoted number is changed."""
+    nb = json.loads((NOTEBOOK_DIR / "08_when_grpo_learns_nothing.ipynb").read_text())
+    quoted, missing = unquoted_numbers(nb)
+    assert len(quoted) > 50, f"the prose quotes only {len(quoted)} numbers: did the pattern break?"
+    assert not missing, f"notebook 08's prose quotes numbers that no output prints: {missing}"
+    # change the last digit of the first quoted number: the check must see it
+    first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code")
+    index, source = next((i, "".join(c["source"])) for i, c in enumerate(nb["cells"])
+                         if i > first and c["cell_type"] == "markdown" and QUOTED.search("".join(c["source"])))
+    number = QUOTED.search(source).group()
+    last = max(i for i, ch in enumerate(number) if ch.isdigit())
+    changed = number[:last] + str((int(number[last]) + 1) % 10) + number[last + 1:]
+    nb["cells"][index] = {**nb["cells"][index], "source": source.replace(number, changed, 1)}
+    assert changed in unquoted_numbers(nb)[1], (number, changed)
 
 
 def test_tqdm_disable_reaches_the_progress_bar(tmp_path, monkeypatch):
@@ -365,7 +337,7 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     assert (study / "summary.json").is_file() and (bare / "notebooks" / "study" / "run_study.py").is_file()
     assert len(list((study / "raw").glob("*.json.gz"))) == len(list((ROOT / "notebooks" / "study" / "results" / "replay_study"
                                                                    / "raw").glob("*.json.gz")))
-    assert (bare / "tests" / "benchmarks" / "results" / "recipe_cpu" / "summary.json").is_file()  # notebook 07 reads it
+    assert (bare / "tests" / "benchmarks" / "results" / "recipe_cpu" / "summary.json").is_file()  # notebook 06 reads it
 
 
 @pytest.mark.slow
@@ -404,7 +376,7 @@ def test_first_cell_fails_with_one_line_when_the_course_cannot_be_fetched(tmp_pa
         assert not any(bare.iterdir())  # nothing fetched, nothing created
 
 
-def test_course_files_are_what_notebook_05_reads():
+def test_course_files_are_what_study_notebook_01_reads():
     """Colab fetches COURSE_FILES: they must hold the replay study's summary, every raw run in the repository and
     run_study.py (whose functions load them), and nothing that no longer exists."""
     import course_setup
@@ -424,6 +396,6 @@ def test_missing_requirements_names_what_to_install():
     import course_setup
 
     assert course_setup.missing_requirements() == []  # this environment has everything
-    assert "gguf" in course_setup.REQUIREMENTS  # notebook 07's real model is a GGUF checkpoint: Colab must install it
+    assert "gguf" in course_setup.REQUIREMENTS  # notebook 06's real model is a GGUF checkpoint: Colab must install it
     assert course_setup.missing_requirements({"torch": ("torch", (99, 0)), "no-such-package-xyz": ("x", (1, 0))}) \
         == ["torch>=99.0", "no-such-package-xyz>=1.0"]

@@ -1,5 +1,6 @@
 """Rewards and advantages (Part I, 2-3, and Part II's scoring): the reward functions by hand, group advantages and zero
-spread, resolving reward functions, and scoring a batch (weights, None and NaN, errors that name the function)."""
+spread, scale_rewards (group, batch, none, and TRL's True and False), resolving reward functions, and scoring a batch
+(weights, None and NaN, errors that name the function)."""
 import math
 import warnings
 
@@ -80,6 +81,42 @@ def test_unscorable_rewards_are_left_out_of_the_group_statistics():
     assert g.zero_spread_groups(torch.tensor([nan, 1.0, 1.0, nan]), 4).tolist() == [True]
 
 
+def test_scale_rewards_batch_by_hand_and_trls_words():
+    rewards = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 8.0, 5.0, 5.0, 5.0, 5.0])
+    # group means 2.5, 2 and 5; "batch" divides every group's centred rewards by one std, the whole batch's
+    # (unbiased): mean 38/12, sum of squared deviations 73.6667, std sqrt(73.6667 / 11) = 2.587850
+    mean = 38 / 12
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards.tolist()) / 11)
+    assert std == pytest.approx(2.587850, abs=1e-6)
+    centred = [-1.5, -0.5, 0.5, 1.5, -2.0, -2.0, -2.0, 6.0, 0.0, 0.0, 0.0, 0.0]
+    batch = g.group_advantages(rewards, 4, "batch")
+    assert torch.allclose(batch, torch.tensor([c / (std + 1e-4) for c in centred]), atol=1e-6)
+    assert (batch[8:] == 0).all()  # a group with no spread stays exactly 0
+    # True is "group" and False is "none", bit for bit
+    assert torch.equal(g.group_advantages(rewards, 4, True), g.group_advantages(rewards, 4, "group"))
+    assert torch.equal(g.group_advantages(rewards, 4, False), g.group_advantages(rewards, 4, "none"))
+    assert g.group_advantages(rewards, 4, "none").tolist() == centred
+    assert [g.GRPOConfig(scale_rewards=v).scale_rewards for v in (True, False, "none", "batch")] == \
+        ["group", "none", "none", "batch"]
+
+
+def test_scale_rewards_from_the_cli_and_through_a_step(cfg_factory, capsys, keep_threads):
+    words = {"none": "none", "group": "group", "batch": "batch", "true": "group", "false": "none"}
+    for word, meant in words.items():
+        assert g.parse_args(["--scale_rewards", word]).scale_rewards == meant
+    assert g.main(["--no_scale_rewards", *SMALL]) == 2  # TRL's bool flag is gone: --scale_rewards none
+    assert error_line(capsys) == ("error: --no_scale_rewards is not a field of GRPOConfig (python grpo_ssr.py --help "
+                                  "lists them); did you mean --scale_rewards?")
+    assert g.main(["--scale_rewards", "sometimes", *SMALL]) == 2
+    assert "--scale_rewards 'sometimes' is invalid" in error_line(capsys)
+    trainer = g.GRPOTrainer(cfg_factory(scale_rewards="batch"))
+    samples = trainer.generate_batch()
+    rewards = torch.tensor([float(g.reward_len([trainer.tokenizer.decode(
+        s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)])[0]) for s in samples])
+    expected = g.group_advantages(rewards, 4, "batch")
+    assert torch.allclose(torch.stack([s["advantages"] for s in samples]), expected, atol=1e-5)
+
+
 # --- resolving the reward functions, and scoring a batch --------------------------------------------------------------
 
 def test_dotted_reward_path_from_the_cli(tmp_path, monkeypatch, capsys):
@@ -155,7 +192,8 @@ def test_unscorable_completions_get_nan_reward_zero_advantage_and_are_never_repl
     def also_none_there(completions, **kw):
         return [math.nan if i % 4 == 0 else 0.0 for i in range(len(completions))]
 
-    trainer = g.GRPOTrainer(cfg_factory(max_steps=2), reward_funcs=[every_fourth_unscored, also_none_there])
+    trainer = g.GRPOTrainer(cfg_factory(max_steps=2, replay_buffer_class="SSRReplayBuffer"),
+                            reward_funcs=[every_fourth_unscored, also_none_there])
     with pytest.warns(UserWarning, match="every_fourth_unscored"):
         samples = trainer.generate_batch()
     texts = [trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)
@@ -179,15 +217,18 @@ def test_all_none_batch_says_so_when_the_step_is_skipped(cfg_factory, capsys):
     def never_scores(completions, **kw):
         return [None] * len(completions)
 
-    trainer = g.GRPOTrainer(cfg_factory(max_generation_retries=1), reward_funcs=[never_scores])
+    trainer = g.GRPOTrainer(cfg_factory(max_generation_retries=1, replay_buffer_class="SSRReplayBuffer"),
+                            reward_funcs=[never_scores])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = trainer.train_step()
         trainer.train_step()
     assert m["skipped"] == 1 and m["frac_reward_unscorable"] == 1.0 and len(trainer.buffer) == 0
-    err = capsys.readouterr().err
-    assert "returned None for every completion" in err and "zero reward spread" not in err
+    err = capsys.readouterr().err.splitlines()
+    why = "(every group had zero reward spread, or no reward function scored a completion)"
+    assert err == [f"warning: step {n} skipped: nothing to train on after 1 retries {why}" for n in (1, 2)], err
     assert sum("never_scores" in str(w.message) for w in caught) == 1  # warned once, over 4 batches
+    assert trainer.reward_funcs[0].func is never_scores and trainer.reward_funcs[0].warned
 
 
 def test_reward_returning_wrong_count_names_the_function(cfg_factory):
@@ -195,15 +236,21 @@ def test_reward_returning_wrong_count_names_the_function(cfg_factory):
         return [0.0] * (len(completions) - 1)
 
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[short_reward])
-    with pytest.raises(ValueError, match="short_reward.*7 values for 8"):
+    with pytest.raises(g.ConfigError) as e:
         trainer.train_step()
+    assert str(e.value) == ("reward function 'short_reward' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
+                            "completions: return one number (or None) per completion")
 
     def wordy_reward(completions, **kw):
         return ["good"] * len(completions)
 
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[wordy_reward])
-    with pytest.raises(ValueError, match="wordy_reward.*not a number"):
+    with pytest.raises(g.ConfigError) as e:
         trainer.train_step()
+    shown = str(["good"] * 8)[:60]  # the first 60 characters of what it returned
+    assert shown == "['good', 'good', 'good', 'good', 'good', 'good', 'good', 'go"
+    assert str(e.value) == (f"reward function 'wordy_reward' returned {shown} for 8 completions: return one number "
+                            "(or None) per completion")
 
 
 def test_infinite_reward_is_an_error_naming_the_function(cfg_factory):
@@ -213,3 +260,14 @@ def test_infinite_reward_is_an_error_naming_the_function(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[explosive])
     with pytest.raises(ValueError, match="'explosive'.*infinite"):
         trainer.train_step()
+
+
+def test_a_reward_that_returns_strings_is_refused_naming_it(cfg_factory, keep_threads):
+    def quoted(completions, **kw):
+        return ["1"] * len(completions)
+
+    trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[quoted])
+    with pytest.raises(g.ConfigError) as e:  # float("1") would take it: a bug, not a score
+        trainer.generate_batch()
+    assert str(e.value) == ("reward function 'quoted' returned ['1', '1', '1', '1', '1', '1', '1', '1'] for 8 "
+                            "completions: return one number (or None) per completion")

@@ -1,6 +1,8 @@
-"""Running it for real (Part II): the config checked up front with one-line errors, device and seeds, the Python API,
-main() end to end (what a run writes and prints), SIGTERM, checkpoints, the output folder (a run removes only what a
-run writes), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
+"""Running it for real (Part II): the config checked up front with one-line errors (every value type-checked, prompt and
+completion within the model's positions), device and seeds (the record says float32 when bf16 fell back), the Python
+API, main() end to end (what a run writes and prints: what replay did, the metrics figure), SIGTERM and Ctrl-C,
+checkpoints (a half-written one cleaned away), the output folder (a run removes only what a run writes; a crashed run
+does not lock it), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
 import json
 import math
 import os
@@ -8,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +19,7 @@ import pytest
 import torch
 
 import grpo_ssr as g
-from conftest import ROOT, SMALL, cli, error_line, training_rows
+from conftest import ROOT, SMALL, cli, error_line, metrics_rows, training_rows
 
 
 # --- the config, checked up front: every mistake a one-line error -----------------------------------------------------
@@ -86,6 +89,30 @@ def test_bad_option_exits_2_with_one_line_naming_it(bad_config_results, i):
     assert not (cwd / "out" / "metrics.jsonl").exists()  # refused before any work
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("max_steps", 2.5, "--max_steps 2.5 is invalid: must be an integer, not float"),
+    ("max_steps", True, "--max_steps True is invalid: must be an integer, not bool"),
+    ("learning_rate", "1e-5", "--learning_rate '1e-5' is invalid: must be a number, not str"),
+    ("per_device_train_batch_size", 8.0, "--per_device_train_batch_size 8.0 is invalid: must be an integer"),
+    ("bf16", "yes", "--bf16 'yes' is invalid: must be true or false"),
+    ("ssr_max_age", 1.5, "--ssr_max_age 1.5 is invalid: must be an integer or None"),
+    ("reward_weights", [1.0, "a"], "--reward_weights [1.0, 'a'] is invalid: must be a list of numbers"),
+])
+def test_every_value_is_type_checked_naming_the_field(field, value, message):
+    with pytest.raises(g.ConfigError) as e:
+        g.GRPOConfig(**{field: value})
+    assert str(e.value) == message or str(e.value).startswith(message)
+
+
+def test_prompt_and_completion_must_fit_the_models_positions(cfg_factory, tmp_path, capsys, keep_threads):
+    with pytest.raises(g.ConfigError, match=r"--max_prompt_length 512 \+ --max_completion_length 100000 = 100512 "
+                                            r"exceeds the model's 1024 positions"):
+        g.GRPOTrainer(cfg_factory(max_completion_length=100000))
+    assert g.main([*SMALL, "--max_completion_length", "100000", "--output_dir", str(tmp_path / "o")]) == 2
+    assert "1024 positions" in error_line(capsys)
+    g.GRPOTrainer(cfg_factory(max_prompt_length=960, max_completion_length=64))  # exactly 1024: fits
+
+
 # --- device and seeds -------------------------------------------------------------------------------------------------
 
 def test_cpu_has_bf16_reads_torchs_own_probes(monkeypatch):
@@ -125,6 +152,16 @@ def test_same_seed_same_metrics_bit_for_bit(cfg_factory, tmp_path):
     assert strip(a) == strip(b)
     c = g.run(cfg_factory(output_dir=str(tmp_path / "c"), max_steps=3, seed=1))
     assert strip(a) != strip(c)
+
+
+def test_the_record_says_float32_when_bf16_fell_back(cfg_factory, monkeypatch, keep_threads):
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="running in float32"):
+        trainer = g.GRPOTrainer(cfg_factory(bf16=True))
+    assert trainer.record_of_run["bf16"] is False and trainer.record_of_run["precision"] == "float32"
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: True)
+    trainer = g.GRPOTrainer(cfg_factory(bf16=True))
+    assert trainer.record_of_run["bf16"] is True and trainer.record_of_run["precision"] == "bf16 autocast"
 
 
 # --- the Python API, as a TRL user calls it ---------------------------------------------------------------------------
@@ -178,7 +215,7 @@ def test_main_trains_and_writes_everything(tmp_path, capsys):
         assert key in rows[0], key
     assert "kl" not in rows[0]  # beta = 0
     saved = json.loads((out / "grpo_config.json").read_text())
-    assert saved["max_steps"] == 3 and saved["replay_buffer_class"] == "SSRReplayBuffer"
+    assert saved["max_steps"] == 3 and saved["replay_buffer_class"] == "ReplayBuffer"  # the default: plain GRPO
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     after = AutoModelForCausalLM.from_pretrained(out)
@@ -188,6 +225,7 @@ def test_main_trains_and_writes_everything(tmp_path, capsys):
     # completions are off by default, and the end says where things are
     assert not (out / "completions.jsonl").exists()
     printed = capsys.readouterr().out
+    assert not any(line.startswith("replay ") for line in printed.splitlines())  # plain GRPO: no replay line
     assert f"model and tokenizer: {out}/" in printed and f"metrics: {out / 'metrics.jsonl'}" in printed
     assert f"picture: {out / 'metrics.png'}" in printed and (out / "metrics.png").is_file()
     (out / "metrics.png").unlink()  # no picture (matplotlib missing): the end does not point at one
@@ -255,6 +293,52 @@ def test_plot_is_skipped_with_a_note_without_matplotlib(cfg_factory, monkeypatch
     assert "matplotlib is not installed" in capsys.readouterr().err
 
 
+def test_the_end_of_a_run_says_what_replay_did(tmp_path, capsys, keep_threads):
+    assert g.main(["--output_dir", str(tmp_path / "o"), "--replay_buffer_class", "SSRReplayBuffer", *SMALL]) == 0
+    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("replay ")]
+    rows = training_rows(tmp_path / "o")
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)
+    assert printed == [f"replay (SSR, fill) over 2 steps: {mean('replay_frac'):.1%} of trained samples replayed "
+                       f"(replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
+                       f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"], printed
+    ssr = g.GRPOConfig(replay_buffer_class="SSRReplayBuffer")
+    rows = [{"replay_frac": 0.4, "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5},
+            {"replay_frac": 0.2, "frac_zero_adv_trained": 0.1, "frac_reward_zero_std": 0.25}]
+    assert g.replay_line(rows, ssr) == ["replay (SSR, fill) over 2 steps: 30.0% of trained samples replayed "
+                                        "(replay_frac), 5.0% trained with advantage 0; 37.5% of groups had no "
+                                        "reward spread"]
+    assert g.replay_line(rows, g.GRPOConfig(replay_buffer_class="ssr", ssr_mode="replace"))[0].startswith(
+        "replay (SSR, replace) over 2 steps: ")
+    assert g.replay_line(rows, g.GRPOConfig()) == []  # plain GRPO replays nothing: no line
+    assert g.replay_line([], ssr) == []
+
+
+def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    rows = [{"step": s, "reward": -30 + s + (-1) ** s * 3, "replay_frac": 0.5 + (-1) ** s * 0.1,
+             "frac_zero_adv_trained": 0.1, "frac_reward_zero_std": 0.3, "clip_ratio": 0.0, "completion_length": 9}
+            for s in range(1, 41)]
+    rows.insert(0, {"step": 0, "eval_reward": -30.0, "eval_greedy_reward": -31.0})
+    (out / "metrics.jsonl").write_text("".join(g.json_line(r) for r in rows))
+    (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny"}))
+    assert g.metrics_figure(out).get_suptitle() == "model tiny   reward reward_len   buffer ReplayBuffer"
+    (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny",
+                                                      "replay_buffer_class": "SSRReplayBuffer"}))
+    fig = g.metrics_figure(out)
+    assert fig.get_suptitle() == "model tiny   reward reward_len   buffer SSRReplayBuffer (fill)"
+    assert len(fig.axes) == 8  # 2 x 4 panels
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    assert {"frac_truncated (no EOS)", "grad_norm (before clipping)"} <= set(by_title)
+    replay = next(ax for title, ax in by_title.items() if title.startswith("replay"))
+    labels = [line.get_label() for line in replay.get_lines()]
+    assert "replay_frac" in labels and "frac_zero_adv_trained" in labels
+    raw, smoothed = [line.get_ydata() for line in by_title["training reward (generation batch)"].get_lines()]
+    assert len(raw) == len(smoothed) == 40 and max(abs(a - b) for a, b in zip(raw, smoothed)) > 1
+    assert max(smoothed[2:]) - min(smoothed[2:]) < max(raw) - min(raw)  # the zig-zag is averaged out
+    assert g.plot_metrics(out) == out / "metrics.png" and (out / "metrics.png").stat().st_size > 0
+
+
 # --- SIGTERM: the step finishes, a checkpoint is saved, the run resumes -----------------------------------------------
 
 @pytest.mark.slow
@@ -284,6 +368,49 @@ def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
     assert [r["step"] for r in training_rows(out)] == list(range(1, last + 3))
 
 
+# --- Ctrl-C from Python and from the CLI: a checkpoint is saved, the resume line printed ------------------------------
+
+def _ctrl_c_on_call(n):
+    calls = []
+
+    def interrupting(completions, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered to this process's handler
+        return g.reward_len(completions)
+
+    return interrupting
+
+
+def test_ctrl_c_from_python_saves_a_checkpoint_then_raises(cfg_factory, capsys, keep_threads):
+    cfg = cfg_factory(max_steps=5, eval_steps=0)
+    trainer = g.GRPOTrainer(cfg, reward_funcs=[_ctrl_c_on_call(2)])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    out = g.Path(cfg.output_dir)
+    assert trainer.step == 2 and (out / "checkpoint-2" / "trainer_state.pt").is_file()
+    assert [r["step"] for r in trainer.state.log_history] == [1, 2]
+    assert "resume with --resume_from_checkpoint" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers were given back
+
+
+def test_ctrl_c_from_the_cli_exits_0_with_its_resume_line(tmp_path, monkeypatch, capsys, keep_threads):
+    (tmp_path / "sig_rewards.py").write_text(textwrap.dedent("""\
+        import os, signal
+        import grpo_ssr
+        calls = []
+        def ctrl_c(completions, **kw):
+            calls.append(1)
+            if len(calls) == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return grpo_ssr.reward_len(completions)
+        """))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o"
+    assert g.main(["--output_dir", str(out), "--eval_steps", "0", "--reward_funcs", "sig_rewards.ctrl_c", *SMALL]) == 0
+    assert f"resume with --resume_from_checkpoint {out / 'checkpoint-1'}" in capsys.readouterr().err
+
+
 # --- checkpoints ------------------------------------------------------------------------------------------------------
 
 def test_checkpoint_is_atomic_and_complete(cfg_factory):
@@ -299,7 +426,9 @@ def test_checkpoint_is_atomic_and_complete(cfg_factory):
     own = torch.load(out / "checkpoint-2" / "rank-0.pt", weights_only=False)
     assert {"optimizer", "scheduler", "step", "world_size"} <= set(state)
     assert {"buffer", "rng", "prompt_sampler"} <= set(own)
-    assert {"python", "numpy", "torch", "cuda"} <= set(own["rng"]) and "generator" in own["buffer"]
+    assert {"python", "numpy", "torch", "cuda"} <= set(own["rng"])
+    assert "generator" not in own["buffer"] and isinstance(own["buffer_generator"], torch.Tensor)  # saved beside it
+    assert own["buffer"].keys() == vars(g.make_buffer(cfg)).keys() - {"generator"}  # the buffer's whole state
 
 
 @pytest.mark.slow
@@ -336,6 +465,17 @@ def test_checkpoint_loads_with_a_non_cpu_map_location(cfg_factory, monkeypatch, 
                for v in s.values() if isinstance(v, torch.Tensor))
     m = trainer.train_step()
     assert m["step"] == 3 and math.isfinite(m["loss"])
+
+
+def test_a_half_written_checkpoint_is_cleaned_away_on_the_next_start(cfg_factory, keep_threads):
+    cfg = cfg_factory(max_steps=2, save_steps=2)
+    g.run(cfg)
+    out = g.Path(cfg.output_dir)
+    (out / ".tmp-checkpoint-7").mkdir()  # what a second Ctrl-C during a save leaves (os._exit)
+    (out / ".tmp-checkpoint-7" / "model.safetensors").write_text("half")
+    g.run(g.dataclasses.replace(cfg, resume_from_checkpoint="last", max_steps=3))
+    assert not (out / ".tmp-checkpoint-7").exists()
+    assert [r["step"] for r in metrics_rows(out) if "eval_reward" not in r] == [1, 2, 3]
 
 
 # --- the output folder: a run removes only what a run writes ----------------------------------------------------------
@@ -379,8 +519,9 @@ def test_overwrite_refuses_to_remove_the_data_set_it_reads(tmp_path, capsys):
     data = out / "checkpoint-1" / "prompts.jsonl"
     data.write_text(json.dumps({"prompt": "Say hi:"}) + "\n")
     assert g.main(["--output_dir", str(out), "--dataset", str(data), "--overwrite_output_dir", *SMALL]) == 2
-    line = error_line(capsys)
-    assert "--overwrite_output_dir" in line and "checkpoint-1" in line
+    assert error_line(capsys) == (f"error: --output_dir {str(out)!r}: starting a run there would remove "
+                                  f"{str((out / 'checkpoint-1').resolve())!r}, which holds --dataset {str(data)!r}; "
+                                  "move the data set or use another --output_dir")
     assert data.is_file() and (out / "metrics.jsonl").is_file()  # nothing removed
 
 
@@ -390,6 +531,39 @@ def test_train_twice_in_one_folder_is_refused(cfg_factory):
     with pytest.raises(g.ConfigError, match="already holds a run"):
         g.GRPOTrainer(cfg).train()
     assert [r["step"] for r in training_rows(g.Path(cfg.output_dir))] == [1, 2]
+
+
+def test_a_run_that_crashed_before_its_first_step_is_started_over(cfg_factory, capsys, keep_threads):
+    def broken(completions, **kw):
+        raise RuntimeError("my bug")
+
+    cfg = cfg_factory(max_steps=2)
+    with pytest.raises(RuntimeError, match="my bug"):  # the user's own traceback
+        g.run(cfg, reward_funcs=[broken])
+    out = g.Path(cfg.output_dir)
+    assert (out / "grpo_config.json").is_file() and (out / "metrics.jsonl").is_file()
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    g.run(cfg)  # the fixed command, in the same folder
+    assert "holds a run that finished no step: starting over it" in capsys.readouterr().err
+    assert [r["step"] for r in metrics_rows(out) if "eval_reward" not in r] == [1, 2]
+    assert (out / "notes.txt").read_text() == "mine"
+    with pytest.raises(g.ConfigError, match="already holds a run; pass --overwrite_output_dir to replace it, or "
+                                            "another --output_dir"):  # a real run: kept; no checkpoint to suggest
+        g.GRPOTrainer(cfg)
+
+
+def test_a_reward_with_the_wrong_count_is_one_line_and_the_fixed_command_runs(tmp_path, monkeypatch, capsys,
+                                                                              keep_threads):
+    (tmp_path / "bad_rewards.py").write_text("def short(completions, **kw):\n"
+                                             "    return [0.0] * (len(completions) - 1)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TQDM_DISABLE", "1")  # the progress bar is not what is tested: stderr holds only the error
+    args = ["--output_dir", str(tmp_path / "o"), "--eval_steps", "0", *SMALL]
+    assert g.main(args + ["--reward_funcs", "bad_rewards.short"]) == 2
+    assert error_line(capsys) == ("error: reward function 'short' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
+                                  "completions: return one number (or None) per completion")
+    assert g.main(args) == 0
 
 
 # --- resume: a checkpoint knows its run -------------------------------------------------------------------------------
@@ -450,7 +624,7 @@ def finished_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flag,value,theirs", [("--learning_rate", "0.5", "0.002"), ("--beta", "0.1", "0.0"),
-                                               ("--replay_buffer_class", "ReplayBuffer", "'SSRReplayBuffer'"),
+                                               ("--replay_buffer_class", "SSRReplayBuffer", "'ReplayBuffer'"),
                                                ("--num_generations", "8", "4")])
 def test_resume_refuses_a_conflicting_flag(finished_run, capsys, flag, value, theirs):
     before = (finished_run / "metrics.jsonl").read_text()
@@ -481,11 +655,9 @@ def test_resume_into_another_runs_folder_is_refused(finished_run, tmp_path, caps
 # --- the CLI ----------------------------------------------------------------------------------------------------------
 
 def test_unknown_flag_is_one_line_with_the_closest_name(capsys):
-    with pytest.raises(SystemExit) as e:
-        g.main(["--num_generatons", "4"])
-    assert e.value.code == 2
-    line = error_line(capsys)
-    assert "--num_generatons" in line and "did you mean --num_generations?" in line
+    assert g.main(["--num_generatons", "4"]) == 2
+    assert error_line(capsys) == ("error: --num_generatons is not a field of GRPOConfig (python grpo_ssr.py --help "
+                                  "lists them); did you mean --num_generations?")
 
 
 def test_help_lists_every_flag():
@@ -498,13 +670,12 @@ def test_help_lists_every_flag():
 
 
 def test_docstring_help_and_readme_tell_one_story():
-    help_text = " ".join(g._parser().format_help().split())
+    from transformers import HfArgumentParser
+
+    help_text = " ".join(HfArgumentParser(g.GRPOConfig).format_help().split())  # what --help prints
     readme = " ".join((ROOT / "README.md").read_text().split())
     doc = " ".join(g.__doc__.split())
-    phrase = "under a minute on a 2-core CPU"
+    phrase = "about a minute on a laptop CPU"
     assert phrase in doc and phrase in help_text and phrase in readme
     assert "half a minute" not in doc and "2 CPU minutes" not in help_text
     assert "TRL's default is 512" in help_text and "max_completion_length 512" in readme
-    actions = {s: a for a in g._parser()._actions for s in a.option_strings}
-    assert actions["--scale_rewards"].help != actions["--no_scale_rewards"].help
-    assert "Dr. GRPO" in actions["--no_scale_rewards"].help

@@ -31,16 +31,11 @@ def _record_sampler(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("shared_prefill", [True, False], ids=["shared-prefill", "prefill-every-row"])
-def test_cached_decode_matches_a_full_forward(tiny, monkeypatch, shared_prefill):
+def test_cached_decode_matches_a_full_forward(tiny, monkeypatch):
     """The logits the loop samples from (prefill once, cache repeated G times, one token per forward) equal the
     logits a full, uncached forward of the finished sequence gives: the KV cache, the positions under left padding
-    and the growing mask are right. Without batch_repeat_interleave the loop must prefill every row instead."""
+    and the growing mask are right."""
     model, tok = tiny
-    if not shared_prefill:
-        from transformers.cache_utils import Cache
-
-        monkeypatch.setattr(Cache, "batch_repeat_interleave", None)  # as if the cache type had no such method
     calls = _record_sampler(monkeypatch)
     torch.manual_seed(0)
     temperature = 0.9

@@ -1,7 +1,7 @@
 """One optimizer step (Part I, 7) through the real loop, never with hand-built inputs: generation and its cadence, SSR
 (what is buffered, drawn and trained, in both modes, with the age limit and as Filter), the baselines (plain GRPO,
 DAPO's dynamic sampling, skipping empty steps), steps without signal or with a non-finite loss, the schedule, notebook
-04b's step by hand, and four configurations pinned to what they computed before the file was restructured.
+05's step by hand, and four configurations pinned to what they computed before the file was restructured.
 
 The failures seen elsewhere that these must catch: only one group buffered per batch (a shape bug), SSR silently off
 (a dead flag), replayed samples trained with a ratio of exactly 1 (no off-policy correction), and old log-probs
@@ -14,6 +14,9 @@ import torch
 
 import grpo_ssr as g
 from conftest import ROOT
+
+
+SSR = dict(replay_buffer_class="SSRReplayBuffer")  # SSR with its defaults (fill, age decay 2); the default: plain GRPO
 
 
 def group_gated_reward(completions, prompts, **kw):
@@ -91,9 +94,10 @@ def _steps_of(spy, trainer, accum):
 def test_old_logps_forward_is_skipped_only_where_every_sample_trains_in_its_own_step(cfg_factory):
     for flags, skipped in ((dict(replay_buffer_class="ReplayBuffer"), True),
                            (dict(replay_buffer_class="ReplayBuffer", num_iterations=2), True),
-                           (dict(), True),  # SSR fill, num_iterations 1
-                           (dict(num_iterations=2), False),  # fill: a zero slot may keep its own sample later
-                           (dict(ssr_mode="replace"), False)):
+                           (dict(), True),  # the default: plain GRPO
+                           (dict(**SSR), True),  # SSR fill, num_iterations 1
+                           (dict(**SSR, num_iterations=2), False),  # fill: a zero slot may keep its own sample later
+                           (dict(**SSR, ssr_mode="replace"), False)):
         trainer = g.GRPOTrainer(cfg_factory(**flags))
         assert trainer.old_from_training is skipped, flags
         assert all((s["old_per_token_logps"] is None) is skipped for s in trainer.generate_batch()), flags
@@ -108,21 +112,24 @@ def test_generation_is_decided_by_all_ranks_together(cfg_factory, monkeypatch):
     calls = []
     monkeypatch.setattr(trainer.dist, "reduce", lambda values, op="sum": calls.append((list(values), op)) or (
         [1.0] if op == "max" and len(calls) == 1 else real(values, op)))
-    before = trainer.prompt_sampler.state_dict()
+    before = dict(vars(trainer.prompt_sampler))  # its state: (epoch, pos) and what it was built with
     m = trainer.train_step()
     assert calls[0] == ([0.0], "max")  # this rank alone would not have generated
-    assert m["generated"] == 1 and trainer.prompt_sampler.state_dict() != before
+    assert m["generated"] == 1 and vars(trainer.prompt_sampler) != before
 
 
 def test_all_zero_spread_retries_then_skips_without_crashing(cfg_factory, capsys):
-    cfg = cfg_factory(max_steps=2, max_generation_retries=2)
+    cfg = cfg_factory(max_steps=2, max_generation_retries=2, **SSR)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[lambda completions, **kw: [1.0] * len(completions)])
     before = [p.detach().clone() for p in trainer.model.parameters()]
     history = trainer.train()
     assert [m["skipped"] for m in history] == [1, 1]
     assert [m["generation_retries"] for m in history] == [2, 2]
     assert history[-1]["skipped_steps"] == 2 and history[-1]["zero_adv_rejected"] == 2 * 3 * 8
-    assert "skipped: the buffer is empty after 2 retries" in capsys.readouterr().err
+    err = capsys.readouterr().err  # the progress bar's too
+    for n in (1, 2):
+        assert f"warning: step {n} skipped: nothing to train on after 2 retries (every group had zero reward " \
+               "spread, or no reward function scored a completion)\n" in err
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 
 
@@ -133,7 +140,7 @@ def test_retry_recovers_when_a_later_batch_has_spread(cfg_factory):
         calls["n"] += 1
         return [0.0] * len(completions) if calls["n"] == 1 else g.reward_len(completions)
 
-    trainer = g.GRPOTrainer(cfg_factory(max_steps=1), reward_funcs=[flat_then_length])
+    trainer = g.GRPOTrainer(cfg_factory(max_steps=1, **SSR), reward_funcs=[flat_then_length])
     m = trainer.train_step()
     assert m["generation_retries"] == 1 and m["skipped"] == 0 and m["buffer_size"] > 0
     assert m["frac_reward_zero_std"] < 1.0  # averaged over both batches, not just the lucky one
@@ -143,7 +150,7 @@ def test_retry_recovers_when_a_later_batch_has_spread(cfg_factory):
 # --- SSR through the real loop: what is buffered, drawn and trained ---------------------------------------------------
 
 def test_every_nonzero_sample_of_every_group_is_buffered(cfg_factory, monkeypatch):
-    cfg = cfg_factory(per_device_train_batch_size=16, num_generations=4, max_steps=4)  # 4 groups a batch
+    cfg = cfg_factory(per_device_train_batch_size=16, num_generations=4, max_steps=4, **SSR)  # 4 groups a batch
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
     for _ in range(4):
@@ -160,7 +167,7 @@ def test_every_nonzero_sample_of_every_group_is_buffered(cfg_factory, monkeypatc
 
 def test_every_trained_micro_batch_comes_from_the_buffer(cfg_factory, monkeypatch):
     # replace, the pull request's design, whose draws this test follows
-    cfg = cfg_factory(ssr_mode="replace", ssr_age_decay=0.0, gradient_accumulation_steps=2, max_steps=3)
+    cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, gradient_accumulation_steps=2, max_steps=3)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
     for _ in range(3):
@@ -173,7 +180,7 @@ def test_every_trained_micro_batch_comes_from_the_buffer(cfg_factory, monkeypatc
 def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
     """If SSR were silently off (uniform draws), trained |A| would match the buffer's mean |A|; it must exceed it."""
     # replace, the pull request's design, whose draws this test follows
-    cfg = cfg_factory(ssr_mode="replace", ssr_age_decay=0.0, max_steps=12, ssr_alpha=2.0)
+    cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=12, ssr_alpha=2.0)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
     lifts = []
@@ -195,7 +202,7 @@ def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
 
 def test_replayed_samples_use_stored_logps_ratio_differs_and_clipping_engages(cfg_factory, monkeypatch):
     # replace, the pull request's design, whose draws this test follows
-    cfg = cfg_factory(ssr_mode="replace", ssr_age_decay=0.0, max_steps=4, epsilon=0.01, learning_rate=1e-2)
+    cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=4, epsilon=0.01, learning_rate=1e-2)
     trainer = g.GRPOTrainer(cfg)
     spy = Spy(trainer, monkeypatch)
     m1 = trainer.train_step()
@@ -225,7 +232,7 @@ def test_fill_trains_every_fresh_nonzero_sample_in_the_step_that_made_it(cfg_fac
     """ssr_mode fill: every fresh non-zero sample trains in its batch's step(s), every time; buffer draws take
     exactly the slots of the zero-advantage ones. (In replace mode, or with SSR off, this fails.)"""
     accum, steps = 2, 6
-    cfg = cfg_factory(ssr_mode="fill", gradient_accumulation_steps=accum, num_iterations=num_iterations,
+    cfg = cfg_factory(**SSR, ssr_mode="fill", gradient_accumulation_steps=accum, num_iterations=num_iterations,
                       max_steps=steps)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
@@ -250,7 +257,7 @@ def test_fill_trains_every_fresh_nonzero_sample_in_the_step_that_made_it(cfg_fac
 def test_max_age_no_trained_sample_is_older_than_k(cfg_factory, monkeypatch, mode):
     ages = {}
     for max_age in (None, 1):
-        cfg = cfg_factory(ssr_mode=mode, ssr_max_age=max_age, max_steps=10, output_dir=f"{max_age}")
+        cfg = cfg_factory(**SSR, ssr_mode=mode, ssr_max_age=max_age, max_steps=10, output_dir=f"{max_age}")
         trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
         spy = Spy(trainer, monkeypatch)
         history, held_ages = [], []
@@ -275,7 +282,7 @@ def test_filter_trains_only_current_step_samples_and_regenerates(cfg_factory, mo
         calls["n"] += 1
         return [0.0] * len(completions) if calls["n"] == 1 else group_gated_reward(completions, prompts)
 
-    cfg = cfg_factory(ssr_mode="fill", ssr_max_age=0, max_steps=5)
+    cfg = cfg_factory(**SSR, ssr_mode="fill", ssr_max_age=0, max_steps=5)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[flat_first])
     spy = Spy(trainer, monkeypatch)
     history = []
@@ -354,8 +361,8 @@ def test_warmup_matches_hf_linear_schedule(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(max_steps=10, warmup_steps=4))
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     hf = get_linear_schedule_with_warmup(opt, 4, 10)
-    assert [trainer._lr_factor(s) for s in range(10)] == pytest.approx([f(s) for s in range(10)
-                                                                        for f in hf.lr_lambdas])
+    assert [trainer.scheduler.lr_lambdas[0](s) for s in range(10)] == pytest.approx([f(s) for s in range(10)
+                                                                                     for f in hf.lr_lambdas])
     assert trainer.scheduler.get_last_lr()[0] == 0.0  # the first step trains at learning rate 0, as HF's
 
 
@@ -424,12 +431,15 @@ def test_dynamic_sampling_with_no_spread_generates_to_the_cap_then_skips(cfg_fac
     step, generated, trained = spy_training(trainer, monkeypatch)
     m = step()
     assert len(generated[-1]) == 3 and trained[-1] == [] and m["skipped"] == 1
-    assert m["generation_retries"] == 2 and m["completions"] == cfg.generation_batch_size  # per batch, as always
+    assert m["generation_retries"] == 2 and m["completions"] == 3 * cfg.generation_batch_size  # every batch made
 
 
 def test_dynamic_sampling_needs_the_uniform_buffer(cfg_factory):
-    with pytest.raises(g.ConfigError, match="--dynamic_sampling"):
-        g.validate_config(cfg_factory(dynamic_sampling=True))
+    with pytest.raises(g.ConfigError) as e:
+        g.validate_config(cfg_factory(dynamic_sampling=True, **SSR))
+    assert str(e.value) == ("--dynamic_sampling is a baseline without replay: use it with --replay_buffer_class "
+                            "ReplayBuffer")
+    g.validate_config(cfg_factory(dynamic_sampling=True))  # the default buffer is the uniform one
 
 
 class SignalOnce:
@@ -475,9 +485,9 @@ def test_a_kl_term_is_signal(cfg_factory):
     assert "skipped_empty" not in m and trainer.counters["empty_steps_skipped"] == 0
 
 
-# --- notebook 04b runs one train_step by hand: its cells (tagged "by-hand") must give train_step's update -------------
+# --- notebook 05 runs one train_step by hand: its cells (tagged "by-hand") must give train_step's update --------------
 
-NOTEBOOK = ROOT / "notebooks" / "04b_one_step_by_hand.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "05_one_step_by_hand.ipynb"
 
 
 def by_hand_cells() -> list[str]:
@@ -536,9 +546,10 @@ def test_the_comparison_notices_a_missing_stage(tmp_path):
 
 # --- pinned runs: a refactor proves it changed nothing (2026-12-01) ---------------------------------------------------
 
-CONFIGS = {"default": {}, "replace": {"ssr_mode": "replace"},
+# "default" is SSR's defaults (fill, age decay 2), the file's default when these were pinned
+CONFIGS = {"default": {**SSR}, "replace": {**SSR, "ssr_mode": "replace"},
            "uniform": {"replay_buffer_class": "ReplayBuffer", "num_iterations": 2, "gradient_accumulation_steps": 2},
-           "beta": {"beta": 0.04}}
+           "beta": {**SSR, "beta": 0.04}}
 
 
 # Steps 2 and 4 of 4 (max_steps 4, the default settings otherwise, one torch thread), as the file computed them
@@ -580,7 +591,7 @@ def test_runs_match_the_pinned_lines(tmp_path, name):
 
 # --- old log-probs from the first training forward ---------------------------------------------------------------
 
-@pytest.mark.parametrize("flags", [dict(), dict(gradient_accumulation_steps=2),
+@pytest.mark.parametrize("flags", [dict(**SSR), dict(**SSR, gradient_accumulation_steps=2),
                                    dict(replay_buffer_class="ReplayBuffer", num_iterations=2,
                                         gradient_accumulation_steps=2)], ids=["fill", "fill-ga2", "uniform-mu2"])
 def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_factory, flags):
@@ -620,6 +631,6 @@ def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_
 
 
 def test_replace_mode_still_computes_old_logps_at_generation(cfg_factory):
-    trainer = g.GRPOTrainer(cfg_factory(ssr_mode="replace", max_steps=1), reward_funcs=[group_gated_reward])
+    trainer = g.GRPOTrainer(cfg_factory(**SSR, ssr_mode="replace", max_steps=1), reward_funcs=[group_gated_reward])
     assert not trainer.old_from_training
     assert all(s["old_per_token_logps"] is not None for s in trainer.generate_batch())

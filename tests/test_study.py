@@ -1,12 +1,16 @@
-"""The replay studies' statistics (notebooks/study/run_study.py): hand-computed tests, exact tests at small n, and
-the first real-model study's audit reproduced from its raw files."""
+"""The replay studies (notebooks/study/run_study.py): the script end to end (raw data, summary, --analyse_only), its
+statistics (hand-computed tests, exact tests at small n, greedy measures paired by seed), and the first real-model
+study's audit reproduced from its raw files."""
+import json
 import sys
 
 import numpy as np
 import pytest
 
+import grpo_ssr
 from conftest import ROOT
 
+NOTEBOOK_DIR = ROOT / "notebooks"
 sys.path.insert(0, str(ROOT / "notebooks" / "study"))
 import run_study  # noqa: E402
 
@@ -67,3 +71,68 @@ def test_the_budget_table_pairs_its_hypotheses_and_holds_back_incomplete_ones():
     pending = run_study.budget_table(runs, 200)
     assert not any(h["complete"] for h in pending["hypotheses"].values())
     assert "p_signflip" not in pending["hypotheses"]["dapo_vs_grpo_matched"]
+
+
+@pytest.mark.slow
+def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
+    """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
+    bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
+    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
+    import run_study
+
+    import torch
+
+    out = tmp_path / "study"
+    args = ["--arms", "grpo", "ssr_fill", "--learning_rates", "1e-3", "--seeds", "0", "1", "--max_steps", "4",
+            "--points", "2", "4", "--window", "2", "--bootstrap", "200", "--jobs", "1", "--out_dir", str(out),
+            "--set", "max_completion_length=64", "ssr_capacity_scalar=2"]
+    threads = torch.get_num_threads()
+    try:
+        assert run_study.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script pins one thread; leave the rest of the suite as it was
+    raw = sorted(p.name for p in (out / "raw").iterdir())
+    assert raw == [f"{a}-lr0.001-seed{s}.json.gz" for a in ("grpo", "ssr_fill") for s in (0, 1)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["config"]["ssr_capacity_scalar"] == 2
+    cell = summary["cells"]["0.001"]
+    assert cell["ssr_fill"]["vs_grpo_train"]["auc"]["seeds"] == 2
+    assert set(cell["ssr_fill"]["vs_grpo_train"]) == {"auc", "step2", "step4"}
+    assert cell["grpo"]["staleness"]["frac_zero_adv_trained"] > 0  # GRPO trains zero-advantage samples
+    assert cell["ssr_fill"]["staleness"]["frac_zero_adv_trained"] == 0  # SSR does not
+    assert cell["grpo"]["cost"]["completions_per_run"] == 4 * 16
+    run = run_study.load_raw(out / "raw")[0]
+    assert len(run["train"]["step"]) == 4 and "replay_abs_log_ratio" in run_study.STALENESS
+    if not run["eval"]:
+        assert any("held-out analysis skipped" in n for n in summary["notes"])
+    assert run_study.main(args + ["--analyse_only"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again == summary  # every number comes back from the raw data
+
+
+def test_run_study_greedy_measures_are_paired_by_seed():
+    """--task arithmetic also compares greedy held-out accuracy: its AUC difference to GRPO is the mean over seeds of
+    the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
+    sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
+    import numpy as np
+    import run_study
+
+    runs = [r for r in run_study.load_raw(NOTEBOOK_DIR / "study" / "results" / "replay_study" / "raw")
+            if r["learning_rate"] == 3e-4 and r["arm"] in ("grpo", "ssr_fill_decay")]
+    assert len(runs) == 16
+    summary = run_study.analyse(runs, [50], 10, 200, greedy=True)
+    cell = summary["cells"]["0.0003"]["ssr_fill_decay"]
+
+    def auc(r):
+        steps, values = np.array(r["eval"]["step"], float), np.array(r["eval"]["eval_greedy_reward"], float)
+        return sum((values[i] + values[i + 1]) / 2 * (steps[i + 1] - steps[i]) for i in range(len(steps) - 1)) / (
+            steps[-1] - steps[0])
+
+    by = {(r["arm"], r["seed"]): auc(r) for r in runs}
+    diffs = [by["ssr_fill_decay", s] - by["grpo", s] for s in range(8)]
+    assert cell["vs_grpo_eval_greedy"]["auc"]["mean"] == pytest.approx(float(np.mean(diffs)), abs=1e-6)
+    assert cell["vs_grpo_eval_greedy"]["auc"]["ahead"] == sum(d > 0 for d in diffs)
+    assert "eval_greedy" not in run_study.analyse(runs, [50], 10, 200)["cells"]["0.0003"]["ssr_fill_decay"]
+    task = run_study.TASKS["arithmetic"]
+    grpo_ssr.GRPOConfig(**task["flags"], **run_study.ARMS["ssr_fill_decay"])  # the real-model task is a valid config
+    assert set(task["arms"]) <= set(run_study.ARMS) and task["flags"]["reward_funcs"] == "reward_accuracy"

@@ -1,0 +1,42 @@
+"""Threads, in one place: one torch thread by default for the tiny model, --num_threads, and the count recorded in the
+run's record; and, on the command line, a warning in one line."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import grpo_ssr as g
+from conftest import ROOT, SMALL
+
+
+def test_threads_default_to_one_for_the_tiny_model_and_are_recorded(cfg_factory, tmp_path, keep_threads):
+    torch.set_num_threads(2)
+    trainer = g.GRPOTrainer(cfg_factory())
+    assert torch.get_num_threads() == 1 and trainer.record_of_run["num_threads"] == 1
+    trainer = g.GRPOTrainer(cfg_factory(num_threads=2, output_dir=str(tmp_path / "two")))
+    assert torch.get_num_threads() == 2 and trainer.record_of_run["num_threads"] == 2
+    model, tok = g.load_model("tiny")  # a model passed from Python keeps torch's setting
+    torch.set_num_threads(2)
+    trainer = g.GRPOTrainer(cfg_factory(output_dir=str(tmp_path / "obj")), model=model, tokenizer=tok)
+    assert torch.get_num_threads() == 2 and trainer.record_of_run["num_threads"] == 2
+    assert g.parse_args(["--num_threads", "3"]).num_threads == 3
+    with pytest.raises(g.ConfigError, match="--num_threads 0"):
+        g.GRPOTrainer(cfg_factory(num_threads=0))
+
+
+def test_on_the_command_line_a_warning_is_one_line(tmp_path):
+    """A run from the command line prints a warning as one `warning:` line, not Python's two (file:line, then the
+    source line that raised it): here, a reward function's None, named once."""
+    (tmp_path / "patchy_rewards.py").write_text("def patchy(completions, **kw):\n"
+                                                "    return [None] + [1.0] * (len(completions) - 1)\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *SMALL, "--max_steps", "2", "--eval_steps", "0",
+                           "--reward_funcs", "patchy_rewards.patchy", "--output_dir", str(tmp_path / "o")],
+                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"},
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "patchy" in line]
+    assert warned == ["warning: reward function 'patchy' returned None for some completions: no score from it there "
+                      "(a completion no function scores gets advantage 0). Shown once per function."], proc.stderr
+    assert "UserWarning" not in proc.stderr and "grpo_ssr.py:" not in proc.stderr
