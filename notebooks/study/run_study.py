@@ -1,4 +1,4 @@
-"""The replay study behind notebook 05: when does replay help GRPO where advantages vanish?
+"""The replay studies (notebooks/study/README.md): when does replay help GRPO where advantages vanish?
 
 Arms (the flags are in ARMS): plain GRPO, the paper's Filter, SSR in the pull request's replace mode, SSR in the
 paper's fill mode, fill with a freshness decay, and replace with a large buffer and no age limit (the failure mode).
@@ -182,8 +182,13 @@ def run_one(arm: str, lr: float, seed: int, base: dict, raw_dir: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="grpo_ssr_study_") as tmp:
         cfg = run_config(arm, lr, seed, base, tmp)
         start, cpu = time.perf_counter(), time.process_time()
-        with contextlib.redirect_stdout(io.StringIO()):  # run() prints the resolved config
-            grpo_ssr.run(cfg)
+        with contextlib.redirect_stdout(io.StringIO()):  # run() prints a summary line
+            try:
+                grpo_ssr.run(cfg)
+            except grpo_ssr.TrainingStopped:  # a signal (the study's process group was killed): end this worker too,
+                if multiprocessing.parent_process() is not None:  # or it would take the next run from the queue
+                    os._exit(143)
+                raise
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     config = recorded_config(cfg)
