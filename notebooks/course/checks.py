@@ -109,46 +109,19 @@ def _02_2(fn):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 03 · replay buffers
+# 03 · the GRPO loss
 # ----------------------------------------------------------------------------------------------------------------------
 
 def _03_1(answer):
-    _close(answer, (0.5, 2 / 3), 1e-3, "P(i) = |A_i|^alpha / sum_j |A_j|^alpha.")
-
-
-def _03_2(answer):
-    _close(answer, (8 / 3, 3.0), 1e-3, "ESS = 1 / sum_i P(i)^2, with the P(i) of the previous exercise (alpha = 1).")
-
-
-def _03_3(fn):
-    adv = torch.tensor([2.0, -1.0, 1.0, 0.5, 0.0])
-    age = torch.tensor([0.0, 1.0, 2.0, 0.0, 0.0])
-    got = _tensor_fn(fn, adv, age, 1.0, 2.0)
-    if got is None:
-        return None
-    w = torch.tensor([2.0, math.exp(-0.5), math.exp(-1.0), 0.5, 0.0], dtype=torch.float64)
-    _close(got, w / w.sum(), 1e-6, "priority = |A|^alpha * exp(-age / tau), then divide by the sum.")
-    buffer = grpo_ssr.SSRReplayBuffer(capacity=4, alpha=2.0)
-    buffer.add([{"advantages": a} for a in adv[:4]])
-    _close(_tensor_fn(fn, adv[:4], torch.zeros(4), 2.0, math.inf), buffer.probabilities(), 1e-6,
-           "With tau = inf (no decay) it should give SSRReplayBuffer's probabilities for the same alpha.")
-    return True
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# 04 · the GRPO loss
-# ----------------------------------------------------------------------------------------------------------------------
-
-def _04_1(answer):
     _close(answer, ((1.2, 0.0), (-1.5, -1.0)), 1e-6,
            "min(rho * A, clip(rho) * A): which branch is smaller? The clipped branch does not depend on rho.")
 
 
-def _04_2(answer):
+def _03_2(answer):
     _close(answer, math.exp(-1.0), 1e-5, "k3 = exp(d) - d - 1 with d = log pi_ref - log pi.")
 
 
-def _04_3(fn):
+def _03_3(fn):
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
     got = _tensor_fn(fn, x, mask)
@@ -160,7 +133,7 @@ def _04_3(fn):
     return True
 
 
-def _04_4(fn):
+def _03_4(fn):
     g = torch.Generator().manual_seed(0)
     logp = torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1 - 2
     old = logp + torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1
@@ -180,37 +153,37 @@ def _04_4(fn):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 05 · training with replay: the study
+# 04 · replay buffers
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _05_1(fn):
-    base = [0.020, 0.080, 0.045, 0.120, 0.060, 0.030, 0.100, 0.070]  # seeds differ a lot; the arm's gain does not
-    gain = [0.012, 0.004, 0.015, -0.003, 0.010, 0.008, 0.020, 0.006]
-    arm = [b + g for b, g in zip(base, gain)]
-    got = fn(np.array(arm), np.array(base), 10_000, 0)
+def _04_1(answer):
+    _close(answer, (0.5, 2 / 3), 1e-3, "P(i) = |A_i|^alpha / sum_j |A_j|^alpha.")
+
+
+def _04_2(answer):
+    _close(answer, (8 / 3, 3.0), 1e-3, "ESS = 1 / sum_i P(i)^2, with the P(i) of the previous exercise (alpha = 1).")
+
+
+def _04_3(fn):
+    adv = torch.tensor([2.0, -1.0, 1.0, 0.5, 0.0])
+    age = torch.tensor([0.0, 1.0, 2.0, 0.0, 0.0])
+    got = _tensor_fn(fn, adv, age, 1.0, 2.0)
     if got is None:
         return None
-    _require(len(got) == 3, f"expected (mean, low, high), got {_show(got)}")
-    _close(got[0], 0.009, 1e-9, "The first number is the mean of the per-seed differences arm - baseline.")
-    # the reference interval: 400,000 resamples; any 10,000 land within a small fraction of its width of it
-    _close(got[1:], (0.004375, 0.0135), 0.0014,
-           "Resample the seeds (the same indices for both arms), average each resample's differences, and take the "
-           "2.5th and 97.5th percentiles of those means.")
-    flat = fn(np.array(arm), np.array(arm) - 0.01, 2_000, 1)
-    _close(flat, (0.01, 0.01, 0.01), 1e-9, "If every seed gains exactly 0.01, the interval is the single point 0.01.")
+    w = torch.tensor([2.0, math.exp(-0.5), math.exp(-1.0), 0.5, 0.0], dtype=torch.float64)
+    _close(got, w / w.sum(), 1e-6, "priority = |A|^alpha * exp(-age / tau), then divide by the sum.")
+    buffer = grpo_ssr.SSRReplayBuffer(capacity=4, alpha=2.0)
+    buffer.add([{"advantages": a} for a in adv[:4]])
+    _close(_tensor_fn(fn, adv[:4], torch.zeros(4), 2.0, math.inf), buffer.probabilities(), 1e-6,
+           "With tau = inf (no decay) it should give SSRReplayBuffer's probabilities for the same alpha.")
     return True
 
 
-def _05_2(answer):
-    _close(answer, (0.018906, 0.015288), 5e-4,
-           "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
-           "(skipping steps that logged none), then the mean over the 8 seeds.")
-
 # ----------------------------------------------------------------------------------------------------------------------
-# 07 · a real model learns sums
+# 06 · a real model learns sums
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _07_1(answer):
+def _06_1(answer):
     _same_hash([int(v) for v in answer], "c009b8af98ea96ee",
                "Give (first-number total, anywhere total). The first rule reads only the first number of each "
                "completion; the lenient one accepts 12 wherever it appears.")
@@ -221,7 +194,7 @@ STRICT_CASES = [("12", 12.0), (" 12.\n", 12.0), ("-3", -3.0), ("2.5", 2.5), ("0"
                 ("1 2", None), ("twelve", None), ("", None), (".", None)]
 
 
-def _07_2(fn):
+def _06_2(fn):
     if fn("12") is None:  # the unanswered stub returns None for everything
         return None
     for text, want in STRICT_CASES:
@@ -232,7 +205,7 @@ def _07_2(fn):
     return True
 
 
-def _07_3(fn):
+def _06_3(fn):
     completions = ["12", "12", "12", "12",             # all right: zero spread
                    "8", "10", "nine", "7 + 2 = 9",     # all wrong for the first-number rule: zero spread
                    "5", "6", "5", "4"]                 # mixed
@@ -256,12 +229,74 @@ def _07_3(fn):
     return True
 
 
-CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.1": _02_1, "02.2": _02_2,
-                               "03.1": _03_1, "03.2": _03_2, "03.3": _03_3,
-                               "04.1": _04_1, "04.2": _04_2, "04.3": _04_3, "04.4": _04_4,
-                               "05.1": _05_1, "05.2": _05_2,
+# ----------------------------------------------------------------------------------------------------------------------
+# study 01 · training with replay: the replay study
+# ----------------------------------------------------------------------------------------------------------------------
 
-                               "07.1": _07_1, "07.2": _07_2, "07.3": _07_3}
+def _s01_1(fn):
+    base = [0.020, 0.080, 0.045, 0.120, 0.060, 0.030, 0.100, 0.070]  # seeds differ a lot; the arm's gain does not
+    gain = [0.012, 0.004, 0.015, -0.003, 0.010, 0.008, 0.020, 0.006]
+    arm = [b + g for b, g in zip(base, gain)]
+    got = fn(np.array(arm), np.array(base), 10_000, 0)
+    if got is None:
+        return None
+    _require(len(got) == 3, f"expected (mean, low, high), got {_show(got)}")
+    _close(got[0], 0.009, 1e-9, "The first number is the mean of the per-seed differences arm - baseline.")
+    # the reference interval: 400,000 resamples; any 10,000 land within a small fraction of its width of it
+    _close(got[1:], (0.004375, 0.0135), 0.0014,
+           "Resample the seeds (the same indices for both arms), average each resample's differences, and take the "
+           "2.5th and 97.5th percentiles of those means.")
+    flat = fn(np.array(arm), np.array(arm) - 0.01, 2_000, 1)
+    _close(flat, (0.01, 0.01, 0.01), 1e-9, "If every seed gains exactly 0.01, the interval is the single point 0.01.")
+    return True
+
+
+def _s01_2(answer):
+    _close(answer, (0.018906, 0.015288), 5e-4,
+           "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
+           "(skipping steps that logged none), then the mean over the 8 seeds.")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 08 · when GRPO learns nothing
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _08_1(answer):
+    lengths = torch.tensor([2, 4, 4, 6])
+    mask = (torch.arange(6)[None] < lengths[:, None]).long()  # (4, 6)
+    advantages = grpo_ssr.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)
+    logps = torch.zeros(4, 6)
+    want, _ = grpo_ssr.grpo_loss(logps, logps, advantages, mask, loss_type="dapo")  # the first iteration: ratio 1
+    _close(answer, want.item(), 1e-3,
+           "With the ratio 1 each token's loss is -A of its completion; dapo divides the sum over all tokens by their "
+           "number (16). The advantages sum to 0, but the lengths weigh them.")
+
+
+def _08_2(fn):
+    logits = torch.log(torch.tensor([[4.0, 2.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]))
+    got = _tensor_fn(fn, logits, 2)
+    if got is None:
+        return None
+    _require(got.shape == (2,), f"expected one ratio per row, shape (2,), got {tuple(got.shape)}")
+    _close(got, [0.75, 0.5], 1e-6, "pi is the full softmax, pi_sampler the softmax over the top k only: their ratio "
+                                   "for a kept token is the share of the probability that the top k hold.")
+    _close(_tensor_fn(fn, logits, 4), [1.0, 1.0], 1e-6, "With k = V the sampler is the full softmax: the ratio is 1.")
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    _close(_tensor_fn(fn, x, 7), torch.softmax(x, -1).topk(7, -1).values.sum(-1), 1e-6,
+           "It should work for any logits and any k.")
+    return True
+
+
+def _08_3(answer):
+    _close(answer, (0.075 / (0.05 + 1e-4), 0.075), 5e-4,
+           "The mean is -19.975; 'group' divides by the group's unbiased std (ddof 1) + 1e-4, 'none' by nothing.")
+
+CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.1": _02_1, "02.2": _02_2,
+                               "03.1": _03_1, "03.2": _03_2, "03.3": _03_3, "03.4": _03_4,
+                               "04.1": _04_1, "04.2": _04_2, "04.3": _04_3,
+                               "06.1": _06_1, "06.2": _06_2, "06.3": _06_3,
+                               "08.1": _08_1, "08.2": _08_2, "08.3": _08_3,
+                               "S01.1": _s01_1, "S01.2": _s01_2}
 
 
 def check(exercise: str, answer) -> bool:

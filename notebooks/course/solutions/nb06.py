@@ -1,19 +1,19 @@
-"""Notebook 07 · a real model learns sums: solutions."""
+"""Notebook 06 · a real model learns sums: solutions."""
 
 import re
 from typing import Callable, Optional
 
 import grpo_ssr
 
-# 07.1: six completions to "7 + 5 =" (answer 12). reward_accuracy reads the first number: "12", "The answer is 12."
+# 06.1: six completions to "7 + 5 =" (answer 12). reward_accuracy reads the first number: "12", "The answer is 12."
 # and "12 apples and 3 pears" start with 12; "7 + 5 = 12" starts with 7, "13, no wait, 12" with 13, and "twelve" has
 # none. The lenient rule takes 12 anywhere, so it also accepts the restated question and the corrected guess.
-COMPLETIONS_7_1 = ["12", "7 + 5 = 12", "The answer is 12.", "12 apples and 3 pears", "13, no wait, 12", "twelve"]
-first_number_7_1 = sum(grpo_ssr.reward_accuracy(COMPLETIONS_7_1, answer=[12] * 6))
-anywhere_7_1 = sum(12.0 in [float(x) for x in grpo_ssr.FIRST_NUMBER.findall(c)] for c in COMPLETIONS_7_1)
-totals_7_1 = (int(first_number_7_1), int(anywhere_7_1))
+COMPLETIONS_6_1 = ["12", "7 + 5 = 12", "The answer is 12.", "12 apples and 3 pears", "13, no wait, 12", "twelve"]
+first_number_6_1 = sum(grpo_ssr.reward_accuracy(COMPLETIONS_6_1, answer=[12] * 6))
+anywhere_6_1 = sum(12.0 in [float(x) for x in grpo_ssr.FIRST_NUMBER.findall(c)] for c in COMPLETIONS_6_1)
+totals_6_1 = (int(first_number_6_1), int(anywhere_6_1))
 
-# 07.2: a strict reader: the whole completion is one number, with nothing around it but whitespace and one final
+# 06.2: a strict reader: the whole completion is one number, with nothing around it but whitespace and one final
 # period. Restating the question, explaining, or listing numbers then scores nothing.
 STRICT_NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)\.?\s*")
 
@@ -23,7 +23,7 @@ def strict_answer(text: str) -> Optional[float]:
     return float(match.group(1)) if match else None
 
 
-# 07.3: the share of groups whose rewards are all equal, from the completions themselves: score them with the reward
+# 06.3: the share of groups whose rewards are all equal, from the completions themselves: score them with the reward
 # function (TRL's signature, the answer column one per completion), cut into groups of G, and compare max with min.
 def zero_spread_share(completions: list, answers: list, num_generations: int,
                       reward_func: Callable = grpo_ssr.reward_accuracy) -> float:
@@ -32,5 +32,5 @@ def zero_spread_share(completions: list, answers: list, num_generations: int,
     return sum(max(g) == min(g) for g in groups) / len(groups)
 
 
-ANSWERS = {"07.1": totals_7_1, "07.2": strict_answer, "07.3": zero_spread_share}
-assert totals_7_1 == (3, 5)
+ANSWERS = {"06.1": totals_6_1, "06.2": strict_answer, "06.3": zero_spread_share}
+assert totals_6_1 == (3, 5)
