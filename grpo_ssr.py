@@ -597,7 +597,7 @@ class GRPOStep:
                                   loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
                                   max_completion_length=cfg.max_completion_length)
         self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
-        self.step = self.generations = self.sample_uid = 0  # skipped steps count too, so max_steps bounds the run
+        self.step = self.sample_uid = 0  # skipped steps count too, so max_steps bounds the run
         self.last_gen_metrics: dict[str, float] = {}
         self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0,
                          **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
@@ -632,11 +632,10 @@ class GRPOStep:
 
     def record_generation(self, batch: dict, rows: list[dict], rewards: torch.Tensor, per_func: torch.Tensor,
                           completions: list, advantages: torch.Tensor) -> None:
-        """Tag each sample (uid, generation batch, and step: SSR's ages count from it) and measure the batch."""
+        """Tag each sample (uid, and step: SSR's ages count from it) and measure the batch."""
         n, ended = len(rewards), torch.isin(batch["completion_ids"], torch.tensor(self.eos_ids, device=self.device))
-        batch["uid"] = list(range(self.sample_uid, self.sample_uid + n))
-        batch["generation"], batch["step"] = [self.generations] * n, [self.step] * n
-        self.sample_uid, self.generations = self.sample_uid + n, self.generations + 1
+        batch["uid"], batch["step"] = list(range(self.sample_uid, self.sample_uid + n)), [self.step] * n
+        self.sample_uid += n
         self.counters["reward_nan"] += int(per_func.isnan().sum())
         self.last_gen_metrics = {  # the reward's mean and std leave out unscorable completions (NaN), as TRL's
             "reward": rewards.nanmean().item(), "reward_std": nanstd(rewards, dim=0).item(),
@@ -693,18 +692,7 @@ class GRPOStep:
         some_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # beta 0: the only gradient
         empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(some_signal)
         if not micro_batches or empty:  # nothing to train on, even after the retries; or, skipped, no signal
-            # (every advantage 0 with beta 0: the gradient is exactly 0, yet AdamW would move the weights along its
-            # momentum, so there is no forward and no update; the schedule still advances)
-            self.counters["empty_steps_skipped" if micro_batches else "skipped_steps"] += 1
-            self._advance_schedule(stepped=False)
-            if micro_batches:
-                metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1,
-                               learning_rate=self.scheduler.get_last_lr()[0])
-            else:
-                print(f"warning: step {self.step} skipped: nothing to train on after {retries} retries (every "
-                      "group had zero reward spread, or no reward function scored a completion)", file=sys.stderr)
-            metrics = self.record({**metrics, "skipped": 1, **self.counters}, [{"samples": mb} for mb in micro_batches])
-            return {**metrics, "step_time": time.perf_counter() - start}
+            return {**self._no_update(metrics, micro_batches, retries), "step_time": time.perf_counter() - start}
         tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
         step_tokens = sum(self.dist.reduce(tokens))  # dapo divides by the whole step's tokens, every rank's
         rows = sum(len(mb) for mb in micro_batches)  # grpo and dr_grpo by its rows: each weighs the same
@@ -736,6 +724,20 @@ class GRPOStep:
                        learning_rate=self.scheduler.get_last_lr()[0],
                        **{k: sum(t["stats"][k].item() / len(trained) for t in trained) for k in trained[0]["stats"]})
         return {**self.record(metrics, trained), "step_time": time.perf_counter() - start}
+
+    def _no_update(self, metrics: dict, micro_batches: list[list[dict]], retries: int) -> dict:
+        """A step without an update: nothing to train on (no micro-batches), or with --skip_empty_steps every
+        advantage 0 at beta 0, where the gradient is exactly 0 yet AdamW would still move the weights along its
+        momentum. No forward, no update; the schedule still advances."""
+        self.counters["empty_steps_skipped" if micro_batches else "skipped_steps"] += 1
+        self._advance_schedule(stepped=False)
+        if micro_batches:
+            metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1,
+                           learning_rate=self.scheduler.get_last_lr()[0])
+        else:
+            print(f"warning: step {self.step} skipped: nothing to train on after {retries} retries (every group "
+                  "had zero reward spread, or no reward function scored a completion)", file=sys.stderr)
+        return self.record({**metrics, "skipped": 1, **self.counters}, [{"samples": mb} for mb in micro_batches])
 
     def _advance_schedule(self, stepped: bool) -> None:
         """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
@@ -2073,7 +2075,7 @@ class GRPOTrainer(GRPOStep):
                 (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
             buffer = {k: v for k, v in vars(self.buffer).items() if k != "generator"}
-            own = {"generations": self.generations, "sample_uid": self.sample_uid, "fresh": self.fresh,
+            own = {"sample_uid": self.sample_uid, "fresh": self.fresh,
                    "last_gen_metrics": self.last_gen_metrics, "prompt_sampler": vars(self.prompt_sampler),
                    "buffer": buffer, "buffer_generator": self.buffer.generator.get_state(),
                    "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
@@ -2118,8 +2120,7 @@ class GRPOTrainer(GRPOStep):
         self.buffer.generator.set_state(own["buffer_generator"])  # the samples on the training device, it on the CPU
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step, self.counters, self.fresh = shared["step"], shared["counters"], [to_device(s) for s in own["fresh"]]
-        self.generations, self.sample_uid, self.last_gen_metrics = (own[k] for k in ("generations", "sample_uid",
-                                                                                     "last_gen_metrics"))
+        self.sample_uid, self.last_gen_metrics = own["sample_uid"], own["last_gen_metrics"]
         random.setstate(own["rng"]["python"])
         np.random.set_state(own["rng"]["numpy"])
         torch.set_rng_state(own["rng"]["torch"].cpu())

@@ -33,7 +33,7 @@ def fixed_samples(pad_id: int) -> list[dict]:
         out.append({"prompt_ids": torch.where(prompt_mask.bool(), prompt, pad_id), "prompt_mask": prompt_mask,
                     "completion_ids": torch.where(completion_mask.bool(), completion, pad_id),
                     "completion_mask": completion_mask, "old_per_token_logps": None, "ref_per_token_logps": None,
-                    "advantages": torch.randn((), generator=gen), "uid": i, "generation": 0, "step": 0})
+                    "advantages": torch.randn((), generator=gen), "uid": i, "step": 0})
     return out
 
 

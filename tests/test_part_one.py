@@ -67,4 +67,4 @@ def test_grpo_step_alone_learns_the_length_reward():
     rewards = [step.train_step()["reward"] for _ in range(cfg.max_steps)]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 3, (first, last)  # a sign error, or no update at all, fails this
-    assert step.step == 40 and step.generations == 40 and isinstance(step.buffer, g.ReplayBuffer)
+    assert step.step == 40 and step.sample_uid == 40 * cfg.generation_batch_size and isinstance(step.buffer, g.ReplayBuffer)

@@ -214,7 +214,7 @@ def test_replayed_samples_use_stored_logps_ratio_differs_and_clipping_engages(cf
         m = trainer.train_step()
     assert m["replay_frac"] > 0 and m["sample_age"] > 0
     rec = spy.losses[-1]
-    replayed = [s["generation"] < trainer.generations - 1 for s in spy.trained[-1]]
+    replayed = [s["step"] < trainer.step - 1 for s in spy.trained[-1]]  # generated before the step just taken
     assert any(replayed)
     mask = rec["mask"].bool()
     ratio = torch.exp(rec["logps"] - rec["old"])
