@@ -84,7 +84,7 @@ def make_samples(count: int, seed: int = 0) -> list[dict]:
              "completion_mask": torch.ones(count, 64, dtype=torch.long),
              "advantages": torch.rand(count, generator=g) + 0.1,
              "old_per_token_logps": torch.randn(count, 64, generator=g), "ref_per_token_logps": None,
-             "uid": list(range(count)), "generation": [0] * count, "step": [0] * count}
+             "uid": list(range(count)), "step": [0] * count}
     return grpo_ssr.split_tensor_dict(batch)
 
 
