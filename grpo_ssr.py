@@ -13,10 +13,8 @@ report, the CLI) and uses Part I, never the reverse.
     python grpo_ssr.py --replay_buffer_class SSRReplayBuffer --reward_funcs reward_len_binary   # where SSR matters
     python grpo_ssr.py --model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy
 
-Left out on purpose, as speed and scale rather than the algorithm: vLLM, DeepSpeed, FSDP and PEFT (generation is a
-plain KV-cache loop; several GPUs work through torchrun and DDP). Also left out: reward models (rewards are Python
-functions with TRL's signature), entropy and truncation masking, and TRL's loss types beyond grpo, bnpo, dr_grpo and
-dapo. The README says where this file departs from TRL, from the pull request it grew from, and from the paper.
+Left out on purpose: vLLM, DeepSpeed, FSDP, PEFT, reward models, entropy and truncation masking. The README says where
+this file departs from TRL, from the pull request it grew from, and from the paper.
 """
 
 from __future__ import annotations
@@ -55,12 +53,11 @@ class AlgorithmConfig:
     # --- sampling a group
     num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
     max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
-    max_completion_length: int = _opt(64, "Most tokens per completion; 64 fits the length reward's 20 characters "
-                                          "(TRL's default is 512).")
+    max_completion_length: int = _opt(64, "Most tokens per completion (TRL's default 512; 64 fits reward_len).")
     temperature: float = _opt(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
     # --- advantages and the loss
-    scale_rewards: str = _opt("group", "Divide advantages by each group's reward std + 1e-4 (group, TRL's default), "
-                                       "by the whole batch's (batch), or not at all (none).")
+    scale_rewards: str = _opt("group", "Divide advantages by the group's reward std + 1e-4 (group), the batch's, "
+                                       "or not at all (none).")
     loss_type: str = _opt("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's default).")
     epsilon: float = _opt(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
     epsilon_high: Optional[float] = _opt(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO: 0.28).")
@@ -74,20 +71,16 @@ class AlgorithmConfig:
     warmup_steps: int = _opt(0, "Linear warm-up steps before the decay (HF's schedule); 0 skips it.")
     weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
-    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward in about a minute on a "
-                               "laptop CPU.")
+    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward.")
     skip_empty_steps: bool = _opt(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
     # --- replay
-    replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO, the seed's default; "
-                                                    "SSRReplayBuffer (or ssr): Selective Sample Replay.")
+    replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO; SSRReplayBuffer (or ssr).")
     ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
     ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha; 0 draws uniformly.")
-    ssr_mode: str = _opt("fill", "fill: fresh non-zero samples train and draws take the zero-advantage slots; "
-                                 "replace: every micro-batch is drawn.")
+    ssr_mode: str = _opt("fill", "fill: draws take only the zero-advantage slots; replace: every sample is drawn.")
     ssr_max_age: Optional[int] = _opt(None, "SSR: never draw, and evict, a sample more than this many steps old.")
     ssr_age_decay: float = _opt(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0: no decay.")
-    max_generation_retries: int = _opt(3, "Extra generation batches a step may make while it has nothing to train on "
-                                          "(with --dynamic_sampling, to fill its batch).")
+    max_generation_retries: int = _opt(3, "Extra generation batches a step may make to have something to train on.")
 
     @property
     def generation_batch_size(self) -> int:
@@ -100,11 +93,9 @@ class AlgorithmConfig:
 def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
                          max_completion_length: int, temperature: float = 1.0, add_special_tokens: bool = True,
                          greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
-    """Sample `num_generations` completions per prompt: left-padded prompts, right-padded completions; prompt i's
-    group is rows i*G ... i*G + G-1. A plain KV-cache loop, not `model.generate`, so the sampling rule is exactly
-    `sample_next_token`: each prompt runs through the model once (`prefill`), its cache is repeated for its G
-    completions (`decode`), and any of `eos_ids` ends a row. Text a chat template rendered holds its special tokens
-    already (`add_special_tokens=False`). `greedy`: the most likely token instead (held-out evaluation)."""
+    """Sample `num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group): left-padded
+    prompts, right-padded completions. A plain KV-cache loop, not `model.generate`, so that the sampling rule is
+    exactly `sample_next_token`; any of `eos_ids` ends a row. `greedy`: the most likely token (held-out evaluation)."""
     prefilled = prefill(model, tokenizer, prompts, max_prompt_length, add_special_tokens)
     return decode(model, tokenizer, prefilled, num_generations, max_completion_length, temperature, greedy, eos_ids)
 
@@ -126,8 +117,8 @@ def prefill(model, tokenizer, prompts: list[str], max_prompt_length: int, add_sp
 @torch.no_grad()
 def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completion_length: int,
            temperature: float = 1.0, greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict:
-    """`generate_completions`'s second half, from `prefill`'s output. It grows that cache in place: decode a
-    `copy.deepcopy` of it to draw from the same prompts twice (held-out evaluation does, greedy and sampled)."""
+    """Repeat each prompt's cache G times and sample token by token. It grows the cache in place: to draw from the
+    same prompts twice, decode a `copy.deepcopy` of `prefill`'s output."""
     prompt_ids, prompt_mask, positions, cache = (prefilled[k] for k in ("ids", "mask", "positions", "cache"))
     G, pad, device = num_generations, tokenizer.pad_token_id, prompt_ids.device
     eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
@@ -156,14 +147,13 @@ def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completi
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Draw one token per row from softmax(logits / temperature), and nothing else (no top-k, top-p or penalty can
-    slip in). (B, V) -> (B,). Inverse-CDF sampling: lay the weights exp((l - max) / T) end to end, throw a uniform point
-    on [0, total) and take the token it lands on; the running sum is in float64, so that rounding moves no mass."""
+    """Draw one token per row from softmax(logits / temperature), and nothing else (no top-k, top-p or penalty).
+    (B, V) -> (B,). Inverse-CDF sampling in float64: lay the weights exp((l - max) / T) end to end, throw a uniform
+    point on [0, total) and take the token it lands on."""
     scaled = (logits.double() - logits.amax(dim=-1, keepdim=True).double()) / temperature
     cdf = scaled.exp().cumsum(dim=-1)  # (B, V): token i owns [cdf[i-1], cdf[i])
     u = torch.rand(cdf.size(0), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
-    # right=True: zero-weight tokens own an empty interval and are never drawn; the clamp only catches u rounding
-    # up to the total itself (probability ~1e-16)
+    # right=True: a zero-weight token owns an empty interval; the clamp catches u rounding up to the total (~1e-16)
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.size(1) - 1)
 
 
@@ -181,8 +171,7 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int | l
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a completion: the tokenizer's EOS and the generation config's, as in TRL (Qwen2-Instruct
-    has two, <|im_end|> and <|endoftext|>)."""
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's (Qwen2-Instruct has two)."""
     listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
     return list(dict.fromkeys([tokenizer.eos_token_id, *listed]))  # the tokenizer's first, no repeats
@@ -209,9 +198,10 @@ def _text(completion) -> str:
 
 def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
                       reward_funcs: list[Callable], weights: list[float]) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """Decode a batch and score it: the weighted rewards (B,), the per-function scores (B, F), and the completions as
-    the rewards saw them (strings, or for chat prompts one assistant message). Dataset columns are repeated per
-    completion and passed by name, with TRL's `completion_ids` (each completion's ids without padding)."""
+    """Decode a batch and score it: the weighted rewards (B,), the per-function scores (B, F), and the completions
+    (strings, or for chat prompts one assistant message). Each function gets the dataset's columns, an entry per
+    completion, and TRL's `completion_ids` (the ids without padding). None or NaN is "no score": left out of the
+    weighted sum, and a completion that no function scores gets NaN (as in TRL)."""
     mask = batch["completion_mask"]
     texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
                                    skip_special_tokens=True)
@@ -220,20 +210,12 @@ def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_gene
     repeated = [r for r in rows for _ in range(num_generations)]
     columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
-    rewards, per_func = score_completions(reward_funcs, weights, [r["prompt"] for r in repeated], completions, columns)
-    return rewards, per_func, completions
-
-
-def score_completions(reward_funcs: list[Callable], weights: list[float], prompts: list, completions: list,
-                      columns: dict[str, list]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call each reward function: the weighted rewards (B,) and the per-function scores (B, F). None or NaN is "no
-    score" from a function and is left out of the sum; a completion no function scores gets NaN (as in TRL)."""
-    scores = [f(completions=completions, prompts=prompts, **columns) for f in reward_funcs]
+    scores = [f(completions=completions, prompts=[r["prompt"] for r in repeated], **columns) for f in reward_funcs]
     per_func = torch.tensor([[math.nan if r is None else float(r) for r in out] for out in scores],
                             dtype=torch.float64).T  # (B, F)
     rewards = (per_func * torch.tensor(weights, dtype=torch.float64)).nansum(dim=1)  # (B,)
     rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
-    return rewards.float(), per_func
+    return rewards.float(), per_func, completions
 
 
 # 3. Advantages: each completion's reward relative to its own group.
@@ -271,9 +253,8 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     temperature: float = 1.0) -> torch.Tensor:
-    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C).
-
-    It holds the logits of all completion tokens at once, (B, C, V); Part II's `lean_logps` takes a chunk at a time."""
+    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C). It holds
+    all their logits at once, (B, C, V); Part II's `lean_logps` takes a chunk at a time."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                    logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
     return selective_log_softmax(logits[:, :-1].float() / temperature, input_ids[:, -logits_to_keep:])
@@ -400,8 +381,7 @@ class ReplayBuffer:
             raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.slots: list[Optional[dict]] = [None] * capacity
-        self.next_slot = 0  # where the next sample goes; once full, it is also the oldest sample
-        self.size = 0
+        self.next_slot = self.size = 0  # next_slot: where the next sample goes; once full, also the oldest sample
         self.generator = torch.Generator().manual_seed(seed)
         self.queue, self.queue_pos = torch.empty(0, dtype=torch.long), 0
 
@@ -435,13 +415,10 @@ class ReplayBuffer:
 
 
 class SSRReplayBuffer(ReplayBuffer):
-    """Selective Sample Replay: store only samples with a non-zero advantage; draw with replacement,
-    P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), never older than max_age.
-
-    Zero-advantage samples carry no gradient: counted, not stored. Ages are optimizer steps since a sample was made,
-    against the trainer's step (`advance_to`); one older than `max_age` is evicted and never drawn. |A|^alpha and the
-    birth step live in tensors beside the ring (0 for an empty slot), so a draw is one torch.multinomial.
-    """
+    """Selective Sample Replay: store only samples with a non-zero advantage (the others carry no gradient: counted,
+    not stored); draw with replacement, P(i) ~ |A_i|^alpha * exp(-age_i / age_decay). Ages are optimizer steps since a
+    sample was made, against the trainer's step (`advance_to`); one older than max_age is evicted. The priorities and
+    birth steps live in tensors beside the ring, so a draw is one torch.multinomial."""
 
     def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
                  age_decay: float = 0.0):
@@ -472,10 +449,14 @@ class SSRReplayBuffer(ReplayBuffer):
             self.size, oldest = self.size - 1, (oldest + 1) % self.capacity
 
     def _weights(self) -> torch.Tensor:
-        """Draw weight of every slot (0 for empty slots). (capacity,)"""
-        if self.age_decay == 0 and self.max_age is None:
-            return self.priorities  # the paper's plain |A|^alpha: nothing to compute per draw
-        return freshness_weights(self.priorities, self.now - self.born, self.age_decay, self.max_age)
+        """Every slot's draw weight (0 when empty): |A|^alpha x exp(-age / age_decay), 0 past max_age. (capacity,)
+        The decay (arXiv 2604.16918) counts from the youngest sample: the same probabilities, and no underflow."""
+        weights, age = self.priorities, self.now - self.born
+        if self.age_decay > 0 and bool((weights > 0).any()):
+            weights = weights * torch.exp(-(age - age[weights > 0].min()) / self.age_decay)
+        if self.max_age is not None:
+            weights = torch.where(age > self.max_age, 0.0, weights)
+        return weights
 
     def can_serve(self, n: int) -> bool:
         return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
@@ -495,20 +476,6 @@ class SSRReplayBuffer(ReplayBuffer):
         return [self.slots[i] for i in idx.tolist()]
 
 
-def freshness_weights(priorities: torch.Tensor, age: torch.Tensor, age_decay: float = 0.0,
-                      max_age: Optional[int] = None) -> torch.Tensor:
-    """SSR's draw weights: the priorities |A|^alpha (0 marks an empty slot) times exp(-age / age_decay), and 0 past
-    max_age. (N,), (N,) -> (N,). The decay (arXiv 2604.16918) counts from the youngest sample: the probabilities are
-    the same, and old samples cannot all underflow to 0."""
-    weights = priorities
-    if age_decay > 0:
-        youngest = age[priorities > 0].min() if bool((priorities > 0).any()) else age.new_zeros(())
-        weights = weights * torch.exp(-(age - youngest).double() / age_decay)
-    if max_age is not None:
-        weights = torch.where(age > max_age, 0.0, weights)
-    return weights
-
-
 def make_buffer(cfg: AlgorithmConfig, seed: int = 0) -> ReplayBuffer:
     """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
@@ -520,27 +487,20 @@ def make_buffer(cfg: AlgorithmConfig, seed: int = 0) -> ReplayBuffer:
 # 7. The step: generate, score, compute advantages, assemble the batch from the buffer, and update.
 
 class PromptSampler:
-    """Walks the dataset in a fresh seeded permutation each epoch; its state is two integers (epoch, pos)."""
+    """Walks the dataset in a fresh seeded permutation each epoch; its state is the number of prompts drawn."""
 
     def __init__(self, num_rows: int, seed: int):
-        self.num_rows, self.seed, self.epoch, self.pos = num_rows, seed, 0, 0
+        self.num_rows, self.seed, self.drawn = num_rows, seed, 0
 
     def next_indices(self, n: int) -> list[int]:
-        out = []
-        while len(out) < n:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_rows)
-            take = order[self.pos:self.pos + n - len(out)]
-            out.extend(int(i) for i in take)
-            self.pos += len(take)
-            if self.pos == self.num_rows:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
+        epochs = range(self.drawn // self.num_rows, (self.drawn + n - 1) // self.num_rows + 1)
+        order = np.concatenate([np.random.default_rng([self.seed, e]).permutation(self.num_rows) for e in epochs])
+        start, self.drawn = self.drawn % self.num_rows, self.drawn + n
+        return order[start:start + n].tolist()
 
 
 class Dist:
-    """This process's place in a run: the only one. Part II's `Torchrun` gives these the collectives of
-    torch.distributed under torchrun; every multi-process line of the step goes through them."""
+    """This process's place in a run: the only one. Part II's `Torchrun` adds torch.distributed's collectives."""
     world_size, rank, main = 1, 0, True
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -550,31 +510,21 @@ class Dist:
         return bool(self.reduce([float(flag)], "max")[0])  # true on every process when true on any
 
 
-def linear_schedule(optimizer: torch.optim.Optimizer, cfg: AlgorithmConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """HF's linear schedule: warm up from 0 over warmup_steps, then decay to 0 at max_steps."""
-    warm, total = cfg.warmup_steps, cfg.max_steps
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: step / warm if step < warm else max(0.0, (total - step) / max(1, total - warm)))
-
-
 class GRPOStep:
-    """A run's state and its optimizer step. Give it a model, its tokenizer, reward functions, a config and prompt
-    rows ({"prompt": ...} and the columns the rewards read); the buffer, optimizer and schedule default to the
-    config's. Each `train_step()` generates when due, then takes one AdamW step.
+    """A run's state and its optimizer step, from a model, its tokenizer, reward functions, a config and prompt rows
+    ({"prompt": ...} and the columns the rewards read); the buffer, optimizer and schedule default to the config's.
 
-    Cadence (the seed's): a generation batch every `num_iterations` steps, or whenever a step has nothing to train on.
-    With the uniform buffer (plain GRPO) a step trains its generation batch; with SSR's replace, every micro-batch is
-    drawn from the buffer; with fill, a step trains its batch's non-zero samples and a buffer draw in the slot of each
-    zero-advantage one (which keeps its own sample when nothing may be drawn).
-    """
+    Each `train_step()` generates a batch every `num_iterations` steps (or when there is nothing to train on), then
+    takes one AdamW step. The uniform buffer (plain GRPO) trains the generation batch; SSR's replace draws every
+    micro-batch from the buffer; fill trains the batch's non-zero samples and a draw in each zero-advantage slot
+    (which keeps its own sample when nothing may be drawn)."""
 
     def __init__(self, model, tokenizer, reward_funcs: list[Callable], cfg: AlgorithmConfig, dataset: list[dict], *,
                  reward_weights: Optional[list[float]] = None, buffer: Optional[ReplayBuffer] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, ref_model=None, seed: int = 0,
                  autocast: Callable = nullcontext, dist: Optional[Dist] = None, logprobs_class=LogProbs):
         self.model, self.tokenizer, self.cfg, self.dataset, self.autocast = model, tokenizer, cfg, dataset, autocast
-        self.reward_funcs = list(reward_funcs)
-        self.reward_weights = list(reward_weights or [1.0] * len(self.reward_funcs))
+        self.reward_funcs, self.reward_weights = list(reward_funcs), list(reward_weights or [1.0] * len(reward_funcs))
         self.dist, self.device = Dist() if dist is None else dist, next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
         if cfg.beta > 0 and ref_model is None:  # the KL's anchor: the initial model, frozen
@@ -586,7 +536,9 @@ class GRPOStep:
         self.buffer = make_buffer(cfg, seed + self.dist.rank) if buffer is None else buffer  # one for each process
         self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(
             model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        self.scheduler = linear_schedule(self.optimizer, cfg) if scheduler is None else scheduler
+        warm, total = cfg.warmup_steps, cfg.max_steps  # HF's linear schedule: warm up from 0, then decay to 0
+        self.scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: s / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
         # With the uniform buffer and with fill at num_iterations 1, every sample a generation batch contributes trains
         # in the step that made it, before any update: the first training forward then gives its old log-probs.
         self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
@@ -603,8 +555,8 @@ class GRPOStep:
                          **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
 
     def record(self, metrics: dict, trained: list[dict]) -> dict:
-        """A hook: Part II adds what the step trained on (how much is replayed, how old, how far off-policy) and the
-        buffer's state. `trained` holds each micro-batch's samples, log-probs, old log-probs and mask."""
+        """A hook: Part II measures what the step trained on (`trained`: each micro-batch's samples, log-probs, old
+        log-probs and mask) and the buffer."""
         return metrics
 
     @torch.no_grad()
@@ -652,8 +604,8 @@ class GRPOStep:
                             batch["completion_ids"].size(1))
 
     def refill(self) -> int:
-        """Generate into the buffer, again (at most max_generation_retries times) while the step still has nothing
-        to train on. Returns the retries; the step's generation metrics average over every batch it made."""
+        """Generate into the buffer, again (at most max_generation_retries times) while there is nothing to train on.
+        Returns the retries; the generation metrics average over the batches."""
         batches = []
         while not batches or (len(batches) <= self.cfg.max_generation_retries and self.dist.any(not self.can_train())):
             self.fresh = self.generate_batch()
@@ -680,8 +632,8 @@ class GRPOStep:
         return [trained[i * n:(i + 1) * n] for i in range(k)]
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step: generate when due, assemble the step's samples, accumulate the loss's gradient over
-        its micro-batches, and update the weights. Returns the step's metrics."""
+        """One optimizer step: generate when due, accumulate the loss's gradient over the step's micro-batches, and
+        update the weights. Returns the step's metrics."""
         cfg, start = self.cfg, time.perf_counter()
         self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
         generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks or none
@@ -726,9 +678,8 @@ class GRPOStep:
         return {**self.record(metrics, trained), "step_time": time.perf_counter() - start}
 
     def _no_update(self, metrics: dict, micro_batches: list[list[dict]], retries: int) -> dict:
-        """A step without an update: nothing to train on (no micro-batches), or with --skip_empty_steps every
-        advantage 0 at beta 0, where the gradient is exactly 0 yet AdamW would still move the weights along its
-        momentum. No forward, no update; the schedule still advances."""
+        """A step without an update: nothing to train on, or (--skip_empty_steps) every advantage 0 at beta 0, where
+        the gradient is 0 yet AdamW's momentum would still move the weights. The schedule still advances."""
         self.counters["empty_steps_skipped" if micro_batches else "skipped_steps"] += 1
         self._advance_schedule(stepped=False)
         if micro_batches:
@@ -749,8 +700,8 @@ class GRPOStep:
 
 
 def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
-    """Repad and stack a micro-batch. Also returns the rows without stored old log-probs (samples generated in this
-    step and trained here first): they hold zeros until `old_logps` fills them from the training forward."""
+    """Repad and stack a micro-batch; also return the rows without stored old log-probs (made in this step, trained
+    here first), which hold zeros until `old_logps` fills them from the training forward."""
     padded = repad(samples, pad_id)
     first = [i for i, s in enumerate(padded) if s["old_per_token_logps"] is None]
     for i in first:
@@ -759,9 +710,8 @@ def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
 
 
 def old_logps(samples: list[dict], batch: dict, logps: torch.Tensor, first: list[int]) -> torch.Tensor:
-    """The old log-probs of a micro-batch (B, C): the stored ones, and for the rows trained for the first time this
-    forward's own, detached (the weights have not changed since those samples were made), which are then stored with
-    each sample, in its own padding, for its later steps and replays."""
+    """The old log-probs of a micro-batch (B, C): the stored ones, and for rows trained for the first time this
+    forward's own, detached (the weights have not changed since they were made), then stored for later steps."""
     current, rows = logps.detach(), torch.zeros(len(samples), 1, dtype=torch.bool, device=logps.device)
     rows[first] = True
     for i in first:
@@ -775,8 +725,6 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
     with warnings.catch_warnings():  # a metric that is NaN in every batch (no scorable completion) stays NaN
         warnings.simplefilter("ignore", RuntimeWarning)
         return {k: float((np.sum if k == "completions" else np.nanmean)([b[k] for b in batches])) for k in batches[0]}
-
-
 
 
 # ======================================================================================================================
@@ -797,6 +745,7 @@ import random  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
+import torch.distributed as tdist  # noqa: E402
 import typing  # noqa: E402
 import weakref  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
@@ -1015,36 +964,28 @@ class Torchrun(Dist):
     def __init__(self, device: torch.device):
         self.device = device
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+            if not tdist.is_initialized():
+                tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            self.world_size, self.rank = tdist.get_world_size(), tdist.get_rank()
             self.main = self.rank == 0
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         if self.world_size == 1:
             return list(values)
-        import torch.distributed as dist
-
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM if op == "sum" else tdist.ReduceOp.MAX)
         return t.tolist()
 
     def gather(self, obj) -> list:
         if self.world_size == 1:
             return [obj]
-        import torch.distributed as dist
-
         out = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        tdist.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
+            tdist.barrier()
 
 
 SUMMED_METRICS = ("completions", "buffer_size", "zero_adv_rejected", "reward_nan")
@@ -1176,6 +1117,8 @@ class LeanLogProbs(LogProbs):
 
     def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
         return lean_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature, self.chunk_size)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Models: the tiny one built in code, a GGUF preset, or from_pretrained.
 # ----------------------------------------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_generation_is_decided_by_all_ranks_together(cfg_factory, monkeypatch):
     calls = []
     monkeypatch.setattr(trainer.dist, "reduce", lambda values, op="sum": calls.append((list(values), op)) or (
         [1.0] if op == "max" and len(calls) == 1 else real(values, op)))
-    before = dict(vars(trainer.prompt_sampler))  # its state: (epoch, pos) and what it was built with
+    before = dict(vars(trainer.prompt_sampler))  # its state: the prompts drawn, and what it was built with
     m = trainer.train_step()
     assert calls[0] == ([0.0], "max")  # this rank alone would not have generated
     assert m["generated"] == 1 and vars(trainer.prompt_sampler) != before
