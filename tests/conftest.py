@@ -56,6 +56,13 @@ def cli(args, cwd, timeout=180):
                           text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """`python grpo_ssr.py` as a newcomer runs it, once for the suite: the process and its output folder."""
+    cwd = tmp_path_factory.mktemp("default")
+    return cli(["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900), cwd / "run"
+
+
 def error_line(capsys) -> str:
     """What main() wrote to stderr: exactly one line, starting with "error: "."""
     lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]

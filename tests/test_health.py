@@ -4,8 +4,6 @@ import pytest
 
 import grpo_ssr as g
 
-from conftest import cli
-
 
 def run(cfg_factory, reward_funcs=None, **overrides):
     """A short tiny-model run at the default batch and completion length; returns its trainer's health report."""
@@ -87,9 +85,9 @@ def test_the_thresholds_decide(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_default_run_is_healthy_and_says_so_by_saying_nothing(tmp_path):
+def test_the_default_run_is_healthy_and_says_so_by_saying_nothing(default_run):
     """python grpo_ssr.py as a newcomer runs it: no health line, and the first line is a summary for a person."""
-    out = cli(["--output_dir", str(tmp_path / "run")], cwd=tmp_path, timeout=900)
+    out = default_run[0]
     assert out.returncode == 0, out.stderr[-2000:]
     assert "health:" not in out.stdout + out.stderr
     assert out.stdout.splitlines()[0].startswith("model tiny on cpu (float32); task builtin, reward reward_len; "

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -68,25 +67,24 @@ if not torch.cuda.is_available():
     BAD_CONFIGS.append((["--device", "cuda"], "--device"))
 
 
-@pytest.fixture(scope="module")
-def bad_config_results(tmp_path_factory):
-    """Run every bad configuration through the CLI at once (each is its own process), two at a time."""
-    cwd = tmp_path_factory.mktemp("cli")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        runs = list(pool.map(lambda case: cli(case[0] + ["--output_dir", str(cwd / "out")], cwd), BAD_CONFIGS))
-    return dict(zip(range(len(BAD_CONFIGS)), runs)), cwd
+@pytest.mark.parametrize("flags,option", BAD_CONFIGS, ids=[" ".join(c[0]) for c in BAD_CONFIGS])
+def test_bad_option_exits_2_with_one_line_naming_it(flags, option, tmp_path, capsys, keep_threads):
+    """main() as the command line calls it, in this process to be quick (the next test runs one as a process)."""
+    try:
+        code = g.main(flags + ["--output_dir", str(tmp_path / "out")])
+    except SystemExit as e:  # argparse's own errors (a value of the wrong type) exit from the parser
+        code = e.code
+    assert code == 2
+    assert option in error_line(capsys)  # one line, "error: ...", no traceback
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any work
 
 
-@pytest.mark.parametrize("i", range(len(BAD_CONFIGS)), ids=[" ".join(c[0]) for c in BAD_CONFIGS])
-def test_bad_option_exits_2_with_one_line_naming_it(bad_config_results, i):
-    results, cwd = bad_config_results
-    proc, (flags, option) = results[i], BAD_CONFIGS[i]
-    assert proc.returncode == 2, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and option in lines[0], proc.stderr
-    assert lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (cwd / "out" / "metrics.jsonl").exists()  # refused before any work
+def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
+    for flags in (["--max_steps", "ten"], ["--ssr_mode", "append"]):
+        proc = cli(flags + ["--output_dir", str(tmp_path / "out")], tmp_path)
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith("error: ") and flags[0] in lines[0], proc.stderr
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -234,11 +232,9 @@ def test_main_trains_and_writes_everything(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_default_run_learns(tmp_path):
+def test_default_run_learns(default_run):
     """`python grpo_ssr.py` with no flags but the output folder: the reward climbs by at least 10."""
-    out = tmp_path / "default"
-    proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), "--output_dir", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc, out = default_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     rewards = [r["reward"] for r in training_rows(out)]
     assert len(rewards) == g.GRPOConfig().max_steps

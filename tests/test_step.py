@@ -182,7 +182,7 @@ def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
     # replace, the pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=12, ssr_alpha=2.0)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
-    spy = Spy(trainer, monkeypatch)
+    Spy(trainer, monkeypatch)
     lifts = []
     for _ in range(12):
         held = None
