@@ -53,7 +53,7 @@ class AlgorithmConfig:
     # --- sampling a group
     num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
     max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
-    max_completion_length: int = _opt(64, "Most tokens per completion (TRL's default 512; 64 fits reward_len).")
+    max_completion_length: int = _opt(64, "Most tokens per completion (TRL's default is 512; 64 fits reward_len).")
     temperature: float = _opt(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
     # --- advantages and the loss
     scale_rewards: str = _opt("group", "Divide advantages by the group's reward std + 1e-4 (group), the batch's, "
@@ -71,7 +71,8 @@ class AlgorithmConfig:
     warmup_steps: int = _opt(0, "Linear warm-up steps before the decay (HF's schedule); 0 skips it.")
     weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
-    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward.")
+    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward in about a minute on a "
+                               "laptop CPU.")
     skip_empty_steps: bool = _opt(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
     # --- replay
     replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO; SSRReplayBuffer (or ssr).")
