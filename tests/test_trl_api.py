@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -235,13 +236,22 @@ def _run_snippet(code: str, home, cwd):
                           timeout=900)
 
 
+@pytest.fixture(scope="module")
+def snippet_runs(offline_hub, tmp_path_factory):
+    """The two snippets, run side by side (one thread each) from the first request on: name -> (future, folder)."""
+    cwd = tmp_path_factory.mktemp("snippets")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {name: (pool.submit(_run_snippet, code, offline_hub, cwd / name), cwd / name)
+               for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))}
+
+
 @pytest.mark.slow
-def test_trl_quick_start_runs_offline_with_only_the_import_changed(offline_hub, tmp_path):
-    """TRL's README quick start, its text unchanged but for the import: our defaults apply (250 steps, about a
-    minute or two on 2 cores)."""
-    proc = _run_snippet(QUICK_START, offline_hub, tmp_path / "quick")
+def test_trl_quick_start_runs_offline_with_only_the_import_changed(snippet_runs):
+    """TRL's README quick start, its text unchanged but for the import: our defaults apply (250 steps)."""
+    future, cwd = snippet_runs["quick"]
+    proc = future.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = tmp_path / "quick" / "runs" / "grpo_ssr"
+    out = cwd / "runs" / "grpo_ssr"
     rows = [r for r in metrics_rows(out) if "eval_reward" not in r]
     assert [r["step"] for r in rows] == list(range(1, 251))
     assert json.loads((out / "grpo_config.json").read_text())["model"] == "Qwen/Qwen2-0.5B-Instruct"
@@ -251,10 +261,11 @@ def test_trl_quick_start_runs_offline_with_only_the_import_changed(offline_hub, 
 
 
 @pytest.mark.slow
-def test_the_seed_pull_requests_example_runs_with_only_the_import_changed(offline_hub, tmp_path):
-    proc = _run_snippet(SEED_EXAMPLE, offline_hub, tmp_path / "seed")
+def test_the_seed_pull_requests_example_runs_with_only_the_import_changed(snippet_runs):
+    future, cwd = snippet_runs["seed"]
+    proc = future.result()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = tmp_path / "seed" / "Qwen2-0.5B-GRPO"
+    out = cwd / "Qwen2-0.5B-GRPO"
     saved = json.loads((out / "grpo_config.json").read_text())
     assert saved["logging_steps"] == 10 and saved["replay_buffer_class"] == "SSRReplayBuffer"
     assert len([r for r in metrics_rows(out) if "eval_reward" not in r]) == 250
