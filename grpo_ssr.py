@@ -797,6 +797,7 @@ import random  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
+import types  # noqa: E402
 import typing  # noqa: E402
 import weakref  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
@@ -1745,15 +1746,6 @@ def tokenizer_of(model):
                           f"from the model's {source!r}: {one_line(e)}") from None
 
 
-@dataclass
-class TrainerState:
-    """What `trainer.state` gives: the steps done and to do, and the metrics lines logged so far (this file's names;
-    "epoch" is absent: grpo_ssr counts steps)."""
-    global_step: int
-    max_steps: int
-    log_history: list[dict]
-
-
 class TrainingStopped(KeyboardInterrupt):
     """Raised by train() after a signal (Ctrl-C, SIGTERM) stopped it and its checkpoint was saved. main() catches it
     and exits 0 with the resume line."""
@@ -1840,7 +1832,8 @@ class GRPOTrainer(GRPOStep):
 
     args = property(lambda self: self.cfg)
     processing_class = property(lambda self: self.tokenizer)
-    state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))
+    state = property(lambda self: types.SimpleNamespace(global_step=self.step, max_steps=self.cfg.max_steps,
+                                                        log_history=self.log_history))  # TRL's, without "epoch"
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
         """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
@@ -1852,7 +1845,7 @@ class GRPOTrainer(GRPOStep):
 
     def health(self) -> list[str]:
         """The health report of this run so far (see `health_report`): one line per failure its metrics show."""
-        return health_report(*split_metrics(self.log_history), self.cfg)
+        return health_report(*read_metrics(self.log_history), self.cfg)
 
     # --- Part I's hooks: what a step reports, and DAPO's dynamic sampling (a baseline) ------------------------------
 
@@ -1945,10 +1938,11 @@ class GRPOTrainer(GRPOStep):
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
         history, previous = [], self._install_signal_handlers()
+        quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
-                         disable=not main or _tqdm_disabled()) as bar:
+                         disable=not main or quiet) as bar:
 
                 def write(metrics: dict) -> None:
                     self.log_history.append(metrics)
@@ -1958,7 +1952,10 @@ class GRPOTrainer(GRPOStep):
 
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
                     write(self._evaluate_and_report(bar))
-                while self.step < cfg.max_steps and not self._stop_requested():
+                while self.step < cfg.max_steps:
+                    self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
+                    if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
+                        break
                     metrics = reduce_metrics(self.dist, self.train_step())
                     history.append(metrics)
                     write(metrics)
@@ -2033,11 +2030,6 @@ class GRPOTrainer(GRPOStep):
                      if k in metrics]
             bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
         return metrics
-
-    def _stop_requested(self) -> bool:
-        """A signal seen by any rank stops every rank after the same step."""
-        self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
-        return bool(self.stop_requested)
 
     def _install_signal_handlers(self) -> dict:
         def handler(signum, frame):
@@ -2260,11 +2252,6 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _tqdm_disabled() -> bool:
-    """TQDM_DISABLE, read here because tqdm's notebook bar (what tqdm.auto picks in Jupyter) ignores it."""
-    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
-
-
 def read_lines(path: Path) -> list[dict]:
     """The complete JSON lines of a file; a torn last line (a hard kill) ends it."""
     rows = []
@@ -2283,14 +2270,10 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             tmp.write_text("".join(json_line(r) for r in read_lines(path) if r.get("step", math.inf) <= last_step))
 
 
-def split_metrics(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines (an evaluation line has `eval_reward`)."""
+def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
+    """The training lines and the evaluation lines (those with `eval_reward`) of a metrics.jsonl, or of its rows."""
+    rows = path if isinstance(path, list) else read_lines(path)
     return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
-
-
-def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines of a metrics.jsonl."""
-    return split_metrics(read_lines(path))
 
 
 def plot_metrics(output_dir: Path) -> Optional[Path]:
@@ -2302,15 +2285,6 @@ def plot_metrics(output_dir: Path) -> Optional[Path]:
         return None
     fig.savefig(path := Path(output_dir) / "metrics.png", dpi=100)
     return path
-
-
-def trailing_mean(values: list[float], window: int) -> list[float]:
-    """The trailing mean of the last `window` values at each point, NaN (a missing metric) left out."""
-    out = []
-    for i in range(len(values)):
-        recent = [v for v in values[max(0, i - window + 1):i + 1] if not math.isnan(v)]
-        out.append(sum(recent) / len(recent) if recent else math.nan)
-    return out
 
 
 def metrics_figure(output_dir: Path):
@@ -2336,7 +2310,8 @@ def metrics_figure(output_dir: Path):
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
-            ax.plot(steps, trailing_mean(raw, window), lw=1.6, color=color, label=key)
+            recent = [[v for v in raw[max(0, i - window + 1):i + 1] if not math.isnan(v)] for i in range(len(raw))]
+            ax.plot(steps, [sum(r) / len(r) if r else math.nan for r in recent], lw=1.6, color=color, label=key)
         if len(keys) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -2365,11 +2340,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def find_last_checkpoint(output_dir: str) -> Optional[Path]:
-    found = checkpoints(output_dir)
-    return found[-1] if found else None
-
-
-RUN_FILES = ("metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json")
+    return (checkpoints(output_dir) or [None])[-1]
 
 
 def save_model_files(model, tokenizer, out: Path) -> None:
@@ -2391,7 +2362,8 @@ def run_files(output_dir: str | Path) -> list[Path]:
     """What a run wrote into output_dir, and nothing else: the paths --overwrite_output_dir removes."""
     out = Path(output_dir)
     listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
-    found = [out / n for n in [*RUN_FILES, *listed] if n == Path(n).name] + checkpoints(out) + [*out.glob(".tmp-*")]
+    names = ["metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json", *listed]
+    found = [out / n for n in names if n == Path(n).name] + checkpoints(out) + [*out.glob(".tmp-*")]
     return sorted({p for p in found if p.exists()})
 
 
@@ -2495,8 +2467,7 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
-    """The config the command line means: with --resume_from_checkpoint, the checkpoint's settings fill in every
-    option not written on the command line (a ConfigError on a conflict)."""
+    """The config the command line means, resolved for a resume (see resume_config)."""
     return resume_config(*parse_cli(argv))
 
 
