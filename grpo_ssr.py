@@ -1710,9 +1710,8 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 # ----------------------------------------------------------------------------------------------------------------------
 
 def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset) -> tuple:
-    """TRL's call shape, GRPOTrainer(model, reward_funcs, args=, train_dataset=, processing_class=), brought to this
-    trainer's own: returns (config, model object or None, tokenizer, data set). A model given by name or folder becomes
-    the config's `model`, so that grpo_config.json records it and a resume can load it."""
+    """TRL's call shape brought to this trainer's: (config, model object or None, tokenizer, data set). A model named
+    by a string becomes the config's `model`, so that grpo_config.json records it and a resume can load it."""
     if cfg is not None and not isinstance(cfg, GRPOConfig):  # TRL's first positional argument is the model
         if model is not None:
             raise ConfigError("GRPOTrainer: in TRL's order only (model, reward_funcs, args) may be positional; pass "
@@ -1774,9 +1773,7 @@ class GRPOTrainer(GRPOStep):
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
         if isinstance(names, (list, tuple)) and names and all(isinstance(f, str) for f in names):
             cfg, reward_funcs = dataclasses.replace(cfg, reward_funcs=",".join(names)), None  # names: settings
-        # The config is resolved and checked once, here, before any work: a resumed run takes the checkpoint's
-        # settings (`cli_options`, the options written on a command line, may differ from them as RESUME_MAY_CHANGE
-        # allows; from Python those are the fields that differ from the defaults).
+        # resolved and checked once, before any work; `cli_options`: the options a command line wrote (resume_config)
         cfg = resume_config(cfg, cli_options)
         validate_config(cfg)
         for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
@@ -1915,8 +1912,9 @@ class GRPOTrainer(GRPOStep):
 
     # --- the whole run ---------------------------------------------------------------------------------------------
 
-    def run_evaluation(self) -> dict[str, float]:
-        """Score the current policy on the held-out prompts (see `evaluate`). Rank 0 evaluates, the others wait."""
+    def run_evaluation(self, bar=None) -> dict[str, float]:
+        """Score the current policy on the held-out prompts (see `evaluate`), shown under `bar`. Rank 0 evaluates, the
+        others wait."""
         cfg, metrics = self.cfg, {}
         if self.dist.main:
             metrics = {"step": self.step, **evaluate(
@@ -1924,6 +1922,10 @@ class GRPOTrainer(GRPOStep):
                 num_generations=cfg.eval_num_generations, temperature=cfg.temperature,
                 max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
                 seed=cfg.seed, autocast=self.autocast)}
+            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
+                     if k in metrics]
+            if bar is not None:
+                bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
 
@@ -1951,7 +1953,7 @@ class GRPOTrainer(GRPOStep):
                         log.flush()
 
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
-                    write(self._evaluate_and_report(bar))
+                    write(self.run_evaluation(bar))
                 while self.step < cfg.max_steps:
                     self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
                     if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
@@ -1966,7 +1968,7 @@ class GRPOTrainer(GRPOStep):
                         if cfg.log_completions:
                             self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
-                        write(self._evaluate_and_report(bar))
+                        write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
             if self.stop_requested:
@@ -2022,14 +2024,6 @@ class GRPOTrainer(GRPOStep):
             prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
             bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
                       f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")  # repr: one line, whatever the text
-
-    def _evaluate_and_report(self, bar) -> dict:
-        metrics = self.run_evaluation()
-        if metrics:
-            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
-                     if k in metrics]
-            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
-        return metrics
 
     def _install_signal_handlers(self) -> dict:
         def handler(signum, frame):
@@ -2087,9 +2081,7 @@ class GRPOTrainer(GRPOStep):
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl back to the checkpoint's step."""
         from safetensors.torch import load_file
 
-        path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"
-        if not (path / "trainer_state.pt").is_file():
-            raise ConfigError(f"{where} is not a checkpoint folder (no trainer_state.pt)")
+        path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
         # Read onto the CPU: a torch.Generator's state and SSR's priorities must stay there, and the optimizer's
         # load_state_dict moves its state to its parameters' device.
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
@@ -2418,10 +2410,10 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     if resume is None:
         return cfg
     path = find_last_checkpoint(cfg.output_dir) if resume == "last" else Path(resume)
-    if path is None or not (path / "grpo_config.json").is_file():
+    if path is None or not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
         raise ConfigError(f"--resume_from_checkpoint {resume!r}: " + (
             f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
-            "no such folder" if not path.is_dir() else "not a checkpoint folder (no grpo_config.json)"))
+            "no such folder" if not path.is_dir() else "not a checkpoint folder (no trainer_state.pt)"))
     saved, defaults = json.loads((path / "grpo_config.json").read_text()), GRPOConfig()
     if given is None:
         given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
@@ -2528,11 +2520,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except TrainingStopped:  # by a signal, after its checkpoint and the line that says how to resume
         return 0
     finally:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     return 0
 
 
