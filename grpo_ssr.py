@@ -2400,12 +2400,9 @@ RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_ste
 
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
-    """The settings a resumed run trains with: the checkpoint's own (its grpo_config.json) and its own folder.
-
-    `given` names the options the user set (from Python: the fields that differ from the defaults). A given option
-    may differ from the checkpoint's only if it is in RESUME_MAY_CHANGE, and a run resumes in its own folder or an
-    empty one. Resolving a resolved config changes nothing.
-    """
+    """The settings a resumed run trains with: its checkpoint's grpo_config.json, in its own folder or an empty one.
+    Of the options `given` (from Python: those that differ from the defaults) only RESUME_MAY_CHANGE may differ from
+    the checkpoint's. Resolving a resolved config changes nothing."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
@@ -2453,9 +2450,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
         flag = unknown[0].split("=")[0]
         raise ConfigError(not_a_field(flag[2:].replace("-", "_"), "--") if flag.startswith("--") else
                           f"unexpected argument {unknown[0]!r} (see --help)")
-    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
-    return cfg, {n[3:] if n.startswith("no_") and n not in names & set(GRPOConfig.__dataclass_fields__) else n
-                 for n in names} & set(GRPOConfig.__dataclass_fields__)
+    names, fields = {a[2:].split("=")[0] for a in argv if a.startswith("--")}, set(GRPOConfig.__dataclass_fields__)
+    return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
 
 
 def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
