@@ -797,7 +797,6 @@ import random  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
-import types  # noqa: E402
 import typing  # noqa: E402
 import weakref  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
@@ -1745,6 +1744,10 @@ def tokenizer_of(model):
                           f"from the model's {source!r}: {one_line(e)}") from None
 
 
+# what `trainer.state` gives: TRL's names, without "epoch" (grpo_ssr counts steps)
+TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_steps", int), ("log_history", list)])
+
+
 class TrainingStopped(KeyboardInterrupt):
     """Raised by train() after a signal (Ctrl-C, SIGTERM) stopped it and its checkpoint was saved. main() catches it
     and exits 0 with the resume line."""
@@ -1829,8 +1832,7 @@ class GRPOTrainer(GRPOStep):
 
     args = property(lambda self: self.cfg)
     processing_class = property(lambda self: self.tokenizer)
-    state = property(lambda self: types.SimpleNamespace(global_step=self.step, max_steps=self.cfg.max_steps,
-                                                        log_history=self.log_history))  # TRL's, without "epoch"
+    state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
         """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
