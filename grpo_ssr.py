@@ -1653,9 +1653,8 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 # ----------------------------------------------------------------------------------------------------------------------
 
 def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset) -> tuple:
-    """TRL's call shape, GRPOTrainer(model, reward_funcs, args=, train_dataset=, processing_class=), brought to this
-    trainer's own: returns (config, model object or None, tokenizer, data set). A model given by name or folder becomes
-    the config's `model`, so that grpo_config.json records it and a resume can load it."""
+    """TRL's call shape brought to this trainer's: (config, model object or None, tokenizer, data set). A model named
+    by a string becomes the config's `model`, so that grpo_config.json records it and a resume can load it."""
     if cfg is not None and not isinstance(cfg, GRPOConfig):  # TRL's first positional argument is the model
         if model is not None:
             raise ConfigError("GRPOTrainer: in TRL's order only (model, reward_funcs, args) may be positional; pass "
@@ -1689,13 +1688,8 @@ def tokenizer_of(model):
                           f"from the model's {source!r}: {one_line(e)}") from None
 
 
-@dataclass
-class TrainerState:
-    """What `trainer.state` gives: the steps done and to do, and the metrics lines logged so far (this file's names;
-    "epoch" is absent: grpo_ssr counts steps)."""
-    global_step: int
-    max_steps: int
-    log_history: list[dict]
+# what `trainer.state` gives: TRL's names, without "epoch" (grpo_ssr counts steps)
+TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_steps", int), ("log_history", list)])
 
 
 class TrainingStopped(KeyboardInterrupt):
@@ -1726,9 +1720,7 @@ class GRPOTrainer(GRPOStep):
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
         if isinstance(names, (list, tuple)) and names and all(isinstance(f, str) for f in names):
             cfg, reward_funcs = dataclasses.replace(cfg, reward_funcs=",".join(names)), None  # names: settings
-        # The config is resolved and checked once, here, before any work: a resumed run takes the checkpoint's
-        # settings (`cli_options`, the options written on a command line, may differ from them as RESUME_MAY_CHANGE
-        # allows; from Python those are the fields that differ from the defaults).
+        # resolved and checked once, before any work; `cli_options`: the options a command line wrote (resume_config)
         cfg = resume_config(cfg, cli_options)
         validate_config(cfg)
         for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
@@ -1796,7 +1788,7 @@ class GRPOTrainer(GRPOStep):
 
     def health(self) -> list[str]:
         """The health report of this run so far (see `health_report`): one line per failure its metrics show."""
-        return health_report(*split_metrics(self.log_history), self.cfg)
+        return health_report(*read_metrics(self.log_history), self.cfg)
 
     # --- Part I's hooks: what a step reports, and DAPO's dynamic sampling (a baseline) ------------------------------
 
@@ -1866,8 +1858,9 @@ class GRPOTrainer(GRPOStep):
 
     # --- the whole run ---------------------------------------------------------------------------------------------
 
-    def run_evaluation(self) -> dict[str, float]:
-        """Score the current policy on the held-out prompts (see `evaluate`). Rank 0 evaluates, the others wait."""
+    def run_evaluation(self, bar=None) -> dict[str, float]:
+        """Score the current policy on the held-out prompts (see `evaluate`), shown under `bar`. Rank 0 evaluates, the
+        others wait."""
         cfg, metrics = self.cfg, {}
         if self.dist.main:
             metrics = {"step": self.step, **evaluate(
@@ -1875,6 +1868,10 @@ class GRPOTrainer(GRPOStep):
                 num_generations=cfg.eval_num_generations, temperature=cfg.temperature,
                 max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
                 seed=cfg.seed, autocast=self.autocast)}
+            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
+                     if k in metrics]
+            if bar is not None:
+                bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
 
@@ -1889,10 +1886,11 @@ class GRPOTrainer(GRPOStep):
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
         history, previous = [], self._install_signal_handlers()
+        quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
                     tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
-                         disable=not main or _tqdm_disabled()) as bar:
+                         disable=not main or quiet) as bar:
 
                 def write(metrics: dict) -> None:
                     self.log_history.append(metrics)
@@ -1901,8 +1899,11 @@ class GRPOTrainer(GRPOStep):
                         log.flush()
 
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
-                    write(self._evaluate_and_report(bar))
-                while self.step < cfg.max_steps and not self._stop_requested():
+                    write(self.run_evaluation(bar))
+                while self.step < cfg.max_steps:
+                    self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
+                    if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
+                        break
                     metrics = reduce_metrics(self.dist, self.train_step())
                     history.append(metrics)
                     write(metrics)
@@ -1913,7 +1914,7 @@ class GRPOTrainer(GRPOStep):
                         if cfg.log_completions:
                             self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
-                        write(self._evaluate_and_report(bar))
+                        write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
             if self.stop_requested:
@@ -1969,19 +1970,6 @@ class GRPOTrainer(GRPOStep):
             prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
             bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
                       f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")  # repr: one line, whatever the text
-
-    def _evaluate_and_report(self, bar) -> dict:
-        metrics = self.run_evaluation()
-        if metrics:
-            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
-                     if k in metrics]
-            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
-        return metrics
-
-    def _stop_requested(self) -> bool:
-        """A signal seen by any rank stops every rank after the same step."""
-        self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
-        return bool(self.stop_requested)
 
     def _install_signal_handlers(self) -> dict:
         def handler(signum, frame):
@@ -2039,9 +2027,7 @@ class GRPOTrainer(GRPOStep):
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl back to the checkpoint's step."""
         from safetensors.torch import load_file
 
-        path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"
-        if not (path / "trainer_state.pt").is_file():
-            raise ConfigError(f"{where} is not a checkpoint folder (no trainer_state.pt)")
+        path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
         # Read onto the CPU: a torch.Generator's state and SSR's priorities must stay there, and the optimizer's
         # load_state_dict moves its state to its parameters' device.
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
@@ -2204,11 +2190,6 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _tqdm_disabled() -> bool:
-    """TQDM_DISABLE, read here because tqdm's notebook bar (what tqdm.auto picks in Jupyter) ignores it."""
-    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
-
-
 def read_lines(path: Path) -> list[dict]:
     """The complete JSON lines of a file; a torn last line (a hard kill) ends it."""
     rows = []
@@ -2227,14 +2208,10 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             tmp.write_text("".join(json_line(r) for r in read_lines(path) if r.get("step", math.inf) <= last_step))
 
 
-def split_metrics(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines (an evaluation line has `eval_reward`)."""
+def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
+    """The training lines and the evaluation lines (those with `eval_reward`) of a metrics.jsonl, or of its rows."""
+    rows = path if isinstance(path, list) else read_lines(path)
     return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
-
-
-def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines of a metrics.jsonl."""
-    return split_metrics(read_lines(path))
 
 
 def plot_metrics(output_dir: Path) -> Optional[Path]:
@@ -2246,15 +2223,6 @@ def plot_metrics(output_dir: Path) -> Optional[Path]:
         return None
     fig.savefig(path := Path(output_dir) / "metrics.png", dpi=100)
     return path
-
-
-def trailing_mean(values: list[float], window: int) -> list[float]:
-    """The trailing mean of the last `window` values at each point, NaN (a missing metric) left out."""
-    out = []
-    for i in range(len(values)):
-        recent = [v for v in values[max(0, i - window + 1):i + 1] if not math.isnan(v)]
-        out.append(sum(recent) / len(recent) if recent else math.nan)
-    return out
 
 
 def metrics_figure(output_dir: Path):
@@ -2280,7 +2248,8 @@ def metrics_figure(output_dir: Path):
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
-            ax.plot(steps, trailing_mean(raw, window), lw=1.6, color=color, label=key)
+            recent = [[v for v in raw[max(0, i - window + 1):i + 1] if not math.isnan(v)] for i in range(len(raw))]
+            ax.plot(steps, [sum(r) / len(r) if r else math.nan for r in recent], lw=1.6, color=color, label=key)
         if len(keys) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -2309,11 +2278,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def find_last_checkpoint(output_dir: str) -> Optional[Path]:
-    found = checkpoints(output_dir)
-    return found[-1] if found else None
-
-
-RUN_FILES = ("metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json")
+    return (checkpoints(output_dir) or [None])[-1]
 
 
 def save_model_files(model, tokenizer, out: Path) -> None:
@@ -2335,7 +2300,8 @@ def run_files(output_dir: str | Path) -> list[Path]:
     """What a run wrote into output_dir, and nothing else: the paths --overwrite_output_dir removes."""
     out = Path(output_dir)
     listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
-    found = [out / n for n in [*RUN_FILES, *listed] if n == Path(n).name] + checkpoints(out) + [*out.glob(".tmp-*")]
+    names = ["metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json", *listed]
+    found = [out / n for n in names if n == Path(n).name] + checkpoints(out) + [*out.glob(".tmp-*")]
     return sorted({p for p in found if p.exists()})
 
 
@@ -2380,20 +2346,17 @@ RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_ste
 
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
-    """The settings a resumed run trains with: the checkpoint's own (its grpo_config.json) and its own folder.
-
-    `given` names the options the user set (from Python: the fields that differ from the defaults). A given option
-    may differ from the checkpoint's only if it is in RESUME_MAY_CHANGE, and a run resumes in its own folder or an
-    empty one. Resolving a resolved config changes nothing.
-    """
+    """The settings a resumed run trains with: its checkpoint's grpo_config.json, in its own folder or an empty one.
+    Of the options `given` (from Python: those that differ from the defaults) only RESUME_MAY_CHANGE may differ from
+    the checkpoint's. Resolving a resolved config changes nothing."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
     path = find_last_checkpoint(cfg.output_dir) if resume == "last" else Path(resume)
-    if path is None or not (path / "grpo_config.json").is_file():
+    if path is None or not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
         raise ConfigError(f"--resume_from_checkpoint {resume!r}: " + (
             f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
-            "no such folder" if not path.is_dir() else "not a checkpoint folder (no grpo_config.json)"))
+            "no such folder" if not path.is_dir() else "not a checkpoint folder (no trainer_state.pt)"))
     saved, defaults = json.loads((path / "grpo_config.json").read_text()), GRPOConfig()
     if given is None:
         given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
@@ -2433,14 +2396,12 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
         flag = unknown[0].split("=")[0]
         raise ConfigError(not_a_field(flag[2:].replace("-", "_"), "--") if flag.startswith("--") else
                           f"unexpected argument {unknown[0]!r} (see --help)")
-    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
-    return cfg, {n[3:] if n.startswith("no_") and n not in names & set(GRPOConfig.__dataclass_fields__) else n
-                 for n in names} & set(GRPOConfig.__dataclass_fields__)
+    names, fields = {a[2:].split("=")[0] for a in argv if a.startswith("--")}, set(GRPOConfig.__dataclass_fields__)
+    return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
 
 
 def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
-    """The config the command line means: with --resume_from_checkpoint, the checkpoint's settings fill in every
-    option not written on the command line (a ConfigError on a conflict)."""
+    """The config the command line means, resolved for a resume (see resume_config)."""
     return resume_config(*parse_cli(argv))
 
 
@@ -2501,11 +2462,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except TrainingStopped:  # by a signal, after its checkpoint and the line that says how to resume
         return 0
     finally:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     return 0
 
 
