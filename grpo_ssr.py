@@ -2462,8 +2462,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except TrainingStopped:  # by a signal, after its checkpoint and the line that says how to resume
         return 0
     finally:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        if tdist.is_available() and tdist.is_initialized():
+            tdist.destroy_process_group()
     return 0
 
 
