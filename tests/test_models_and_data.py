@@ -44,7 +44,7 @@ def test_model_folder_that_is_missing_or_empty(tmp_path, capsys):
     assert "'./nonexistent_dir': no such folder" in error_line(capsys)
     (tmp_path / "empty").mkdir()
     assert g.main(["--model", str(tmp_path / "empty"), "--output_dir", str(tmp_path / "o"), *SMALL]) == 2
-    assert "the folder is empty" in error_line(capsys)
+    assert "the folder holds no tokenizer" in error_line(capsys)
 
 
 def _tiny_gpt2():
@@ -143,9 +143,9 @@ def test_data_and_model_problems_name_the_thing_at_fault(tmp_path):
 
 
 @pytest.mark.parametrize("prompts,message", [
-    (["Say hi:", ""], "row 1 (counting from 0): the prompt is empty"),
-    (["Say hi:", 7], "row 1 (counting from 0): the prompt must be a string or a list of"),
-    (["Say hi:", {"text": "hi"}], "row 1 (counting from 0): the prompt must be a string"),
+    (["Say hi:", ""], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
+    (["Say hi:", 7], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
+    (["Say hi:", {"text": "hi"}], "row 1 (counting from 0): the prompt must be a non-empty string"),
     ([[{"role": "user", "content": "hi"}], "Say hi:"], "row 1 (counting from 0): mixes chat and plain-text"),
 ])
 def test_bad_prompts_are_refused_naming_the_row(tmp_path, capsys, prompts, message):

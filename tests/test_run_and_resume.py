@@ -558,7 +558,7 @@ def test_a_reward_with_the_wrong_count_is_one_line_and_the_fixed_command_runs(tm
     args = ["--output_dir", str(tmp_path / "o"), "--eval_steps", "0", *SMALL]
     assert g.main(args + ["--reward_funcs", "bad_rewards.short"]) == 2
     assert error_line(capsys) == ("error: reward function 'short' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
-                                  "completions: return one number (or None) per completion")
+                                  "completions: return one finite number (or None) per completion")
     assert g.main(args) == 0
 
 
