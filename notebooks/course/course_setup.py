@@ -39,9 +39,13 @@ REPLICATION = "notebooks/study/results/replication/raw"
 REPLICATION_FILES = (*(f"{REPLICATION}/{arm}-lr2e-05-seed{seed}.json.gz"
                        for arm in ("grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay") for seed in range(8, 16)),
                      *(f"{REPLICATION}/{arm}-lr2e-05-seed8.json.gz" for arm in ("filter", "ssr_replace", "ssr_fill")))
+# The budget study that study notebook 03 reads: every run's raw metrics, four arms on seeds 16-31.
+BUDGET = "notebooks/study/results/budget/raw"
+BUDGET_FILES = tuple(f"{BUDGET}/{arm}-lr2e-05-seed{seed}.json.gz"
+                     for arm in ("grpo", "dapo", "grpo_matched", "ssr_fresh") for seed in range(16, 32))
 COURSE_FILES = ("grpo_ssr.py", "notebooks/course/course_setup.py", "notebooks/course/checks.py",
                 "notebooks/study/run_study.py", "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES,
-                *REPLICATION_FILES)
+                *REPLICATION_FILES, *BUDGET_FILES)
 # where the notebooks import from: grpo_ssr, checks and course_setup, run_study
 IMPORT_PATHS = (".", "notebooks/course", "notebooks/study")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
