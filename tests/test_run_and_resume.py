@@ -191,7 +191,7 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     assert saved["reward_funcs"] == "passed from Python: by_label,length"
     assert saved["model"] == "passed from Python: Qwen2ForCausalLM"
     assert saved["dataset"] == "passed from Python: 4 rows" and saved["reward_weights"] == [1.0, 0.5]
-    with pytest.raises(g.ConfigError, match="prompt is empty"):
+    with pytest.raises(g.ConfigError, match="row 0 .*the prompt must be a non-empty string"):
         g.GRPOTrainer(g.dataclasses.replace(cfg, output_dir=str(tmp_path / "x")), dataset=[{"question": ""}],
                       reward_funcs=[by_label, length])
 
