@@ -71,8 +71,7 @@ class AlgorithmConfig:
     warmup_steps: int = _opt(0, "Linear warm-up steps before the decay (HF's schedule); 0 skips it.")
     weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
-    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward in about a minute on a "
-                               "laptop CPU.")
+    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model the length reward on a laptop CPU.")
     skip_empty_steps: bool = _opt(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
     # --- replay
     replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO; SSRReplayBuffer (or ssr).")
@@ -95,8 +94,8 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
                          max_completion_length: int, temperature: float = 1.0, add_special_tokens: bool = True,
                          greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group): left-padded
-    prompts, right-padded completions. A plain KV-cache loop, not `model.generate`, so that the sampling rule is
-    exactly `sample_next_token`; any of `eos_ids` ends a row. `greedy`: the most likely token (held-out evaluation)."""
+    prompts, right-padded completions. A plain KV-cache loop rather than `model.generate`, so that the sampling rule
+    is exactly `sample_next_token`. `greedy`: the most likely token instead (held-out evaluation)."""
     prefilled = prefill(model, tokenizer, prompts, max_prompt_length, add_special_tokens)
     return decode(model, tokenizer, prefilled, num_generations, max_completion_length, temperature, greedy, eos_ids)
 
@@ -149,8 +148,7 @@ def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completi
 
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Draw one token per row from softmax(logits / temperature), and nothing else (no top-k, top-p or penalty).
-    (B, V) -> (B,). Inverse-CDF sampling in float64: lay the weights exp((l - max) / T) end to end, throw a uniform
-    point on [0, total) and take the token it lands on."""
+    (B, V) -> (B,): lay the weights exp((l - max) / T) end to end in float64, and pick where a uniform point lands."""
     scaled = (logits.double() - logits.amax(dim=-1, keepdim=True).double()) / temperature
     cdf = scaled.exp().cumsum(dim=-1)  # (B, V): token i owns [cdf[i-1], cdf[i])
     u = torch.rand(cdf.size(0), 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
@@ -199,10 +197,9 @@ def _text(completion) -> str:
 
 def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
                       reward_funcs: list[Callable], weights: list[float]) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """Decode a batch and score it: the weighted rewards (B,), the per-function scores (B, F), and the completions
-    (strings, or for chat prompts one assistant message). Each function gets the dataset's columns, an entry per
-    completion, and TRL's `completion_ids` (the ids without padding). None or NaN is "no score": left out of the
-    weighted sum, and a completion that no function scores gets NaN (as in TRL)."""
+    """Decode a batch and score it: the weighted rewards (B,), each function's scores (B, F) and the completions. Each
+    function gets the data set's columns, one entry per completion, and TRL's `completion_ids`. None or NaN is "no
+    score": left out of the weighted sum; a completion no function scores gets NaN (as in TRL)."""
     mask = batch["completion_mask"]
     texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
                                    skip_special_tokens=True)
@@ -513,12 +510,10 @@ class Dist:
 
 class GRPOStep:
     """A run's state and its optimizer step, from a model, its tokenizer, reward functions, a config and prompt rows
-    ({"prompt": ...} and the columns the rewards read); the buffer, optimizer and schedule default to the config's.
-
-    Each `train_step()` generates a batch every `num_iterations` steps (or when there is nothing to train on), then
-    takes one AdamW step. The uniform buffer (plain GRPO) trains the generation batch; SSR's replace draws every
-    micro-batch from the buffer; fill trains the batch's non-zero samples and a draw in each zero-advantage slot
-    (which keeps its own sample when nothing may be drawn)."""
+    ({"prompt": ...} and the columns the rewards read). Each `train_step()` generates a batch every `num_iterations`
+    steps (or when there is nothing to train on), then takes one AdamW step. The uniform buffer (plain GRPO) trains
+    the generation batch; SSR's replace draws every micro-batch from the buffer; fill trains the batch's non-zero
+    samples and a draw in each zero-advantage slot (which keeps its own sample when nothing may be drawn)."""
 
     def __init__(self, model, tokenizer, reward_funcs: list[Callable], cfg: AlgorithmConfig, dataset: list[dict], *,
                  reward_weights: Optional[list[float]] = None, buffer: Optional[ReplayBuffer] = None,
@@ -556,8 +551,7 @@ class GRPOStep:
                          **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
 
     def record(self, metrics: dict, trained: list[dict]) -> dict:
-        """A hook: Part II measures what the step trained on (`trained`: each micro-batch's samples, log-probs, old
-        log-probs and mask) and the buffer."""
+        """A hook: Part II measures what the step trained (each micro-batch's samples, log-probs and mask) here."""
         return metrics
 
     @torch.no_grad()
@@ -672,7 +666,7 @@ class GRPOStep:
             self.counters["nonfinite_steps"] += 1
             print(f"warning: step {self.step + 1}: non-finite loss or gradient; no update", file=sys.stderr)
         self.optimizer.zero_grad(set_to_none=True)
-        self._advance_schedule(stepped=finite)
+        self._advance_schedule()
         metrics.update(loss=loss, grad_norm=float(grad_norm), skipped=int(not finite), **self.counters,
                        learning_rate=self.scheduler.get_last_lr()[0],
                        **{k: sum(t["stats"][k].item() / len(trained) for t in trained) for k in trained[0]["stats"]})
@@ -682,7 +676,7 @@ class GRPOStep:
         """A step without an update: nothing to train on, or (--skip_empty_steps) every advantage 0 at beta 0, where
         the gradient is 0 yet AdamW's momentum would still move the weights. The schedule still advances."""
         self.counters["empty_steps_skipped" if micro_batches else "skipped_steps"] += 1
-        self._advance_schedule(stepped=False)
+        self._advance_schedule()
         if micro_batches:
             metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1,
                            learning_rate=self.scheduler.get_last_lr()[0])
@@ -691,12 +685,11 @@ class GRPOStep:
                   "had zero reward spread, or no reward function scored a completion)", file=sys.stderr)
         return self.record({**metrics, "skipped": 1, **self.counters}, [{"samples": mb} for mb in micro_batches])
 
-    def _advance_schedule(self, stepped: bool) -> None:
+    def _advance_schedule(self) -> None:
         """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
         self.step += 1
-        with warnings.catch_warnings():
-            if not stepped:  # torch warns when the scheduler moves before any optimizer.step(): intended here
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+        with warnings.catch_warnings():  # torch warns when the schedule moves before any update: intended here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
 
 
