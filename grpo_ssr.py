@@ -1553,40 +1553,19 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 # The trainer: Part I's step with a model, data and rewards loaded, the run loop, its bookkeeping, and checkpoints.
 # ----------------------------------------------------------------------------------------------------------------------
 
-def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset) -> tuple:
-    """TRL's call shape brought to this trainer's: (config, model object or None, tokenizer, data set). A model named
-    by a string becomes the config's `model`, so that grpo_config.json records it and a resume can load it."""
-    if cfg is not None and not isinstance(cfg, GRPOConfig):  # TRL's first positional argument is the model
-        if model is not None:
-            raise ConfigError("GRPOTrainer: in TRL's order only (model, reward_funcs, args) may be positional; pass "
-                              "train_dataset=, eval_dataset= and processing_class= by name")
-        cfg, model = None, cfg
-    for ours, mine, trls, theirs in (("cfg", cfg, "args", args), ("tokenizer", tokenizer, "processing_class",
-                                     processing_class), ("dataset", dataset, "train_dataset", train_dataset)):
-        if mine is not None and theirs is not None:
-            raise ConfigError(f"GRPOTrainer: pass {ours}= or {trls}= (TRL's name), not both")
-    cfg = cfg if cfg is not None else args if args is not None else GRPOConfig()
-    if isinstance(model, (str, os.PathLike)):
-        cfg, model = dataclasses.replace(cfg, model=str(model)), None
-    return cfg, model, tokenizer if tokenizer is not None else processing_class, \
-        dataset if dataset is not None else train_dataset
-
-
 def tokenizer_of(model):
     """TRL's rule for a model passed without its tokenizer: the one saved where it was loaded from."""
     from transformers import AutoTokenizer
 
     source = getattr(model.config, "_name_or_path", "")
-    if not source:
-        raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model: it was "
-                          "not loaded from a name or folder that a tokenizer could be loaded from")
     try:
-        if not has_tokenizer_files(source):
-            raise OSError(f"the folder holds none of {', '.join(TOKENIZER_FILES)}")
+        if not source or not has_tokenizer_files(source):
+            raise OSError(f"the folder holds none of {', '.join(TOKENIZER_FILES)}" if source else
+                          "it was built in code, not loaded from a name or folder")
         return AutoTokenizer.from_pretrained(source)
     except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
-        raise ConfigError(f"GRPOTrainer: no tokenizer= (processing_class=) was passed, and none could be loaded "
-                          f"from the model's {source!r}: {one_line(e)}") from None
+        raise ConfigError(f"GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model; none "
+                          f"could be loaded from {source!r}: {one_line(e)}") from None
 
 
 # what `trainer.state` gives: TRL's names, without "epoch" (grpo_ssr counts steps)
@@ -1601,23 +1580,26 @@ class TrainingStopped(KeyboardInterrupt):
 class GRPOTrainer(GRPOStep):
     """Part I's step, built from names or objects, run for `max_steps` (`train()`), with the run's output folder.
 
-    `cfg` may name a checkpoint to resume (it then takes the checkpoint's settings); `reward_funcs`, `reward_weights`,
-    `model` with `tokenizer`, `dataset` and `eval_dataset` may be passed from Python instead of named in the config.
-    TRL's names work too: `GRPOTrainer(model="Qwen/...", reward_funcs=f, args=GRPOConfig(...), train_dataset=ds,
-    processing_class=tok)`. `reward_funcs` is one function, a name (reward_len, my_module.my_reward) or a list.
+    `cfg` may name a checkpoint to resume. TRL's call works too: `GRPOTrainer(model="Qwen/...", reward_funcs=f,
+    args=GRPOConfig(...), train_dataset=ds, eval_dataset=held_out, processing_class=tok)`, with `cfg`, `dataset` and
+    `tokenizer` as our names for `args`, `train_dataset` and `processing_class`. `model` is a name or a model object;
+    `reward_funcs` one function, a name (reward_len, my_module.my_reward) or a list of either.
     """
 
-    def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None,
-                 reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
-                 dataset=None, eval_dataset=None, cli_options: Optional[set[str]] = None, *, args=None,
-                 train_dataset=None, processing_class=None, **others):
-        if others:
-            raise ConfigError(f"GRPOTrainer: {next(iter(others))} is an argument of neither this trainer nor TRL's "
-                              "that it takes (model, reward_funcs, args, train_dataset, eval_dataset, "
-                              "processing_class)")
-        if isinstance(reward_weights, GRPOConfig) and args is None:  # TRL's positional order: model, reward_funcs, args
-            args, reward_weights = reward_weights, None
-        cfg, model, tokenizer, dataset = trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset)
+    def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
+                 train_dataset=None, eval_dataset=None, processing_class=None, *, model=None, tokenizer=None,
+                 dataset=None, reward_weights: Optional[list[float]] = None, cli_options: Optional[set[str]] = None):
+        if not isinstance(cfg, (GRPOConfig, type(None))):  # TRL's first positional argument is the model
+            cfg, model = None, cfg
+        for ours, trls, a, b in (("cfg", "args", cfg, args), ("dataset", "train_dataset", dataset, train_dataset),
+                                 ("tokenizer", "processing_class", tokenizer, processing_class)):
+            if a is not None and b is not None:
+                raise ConfigError(f"GRPOTrainer: pass {ours}= or {trls}= (TRL's name), not both")
+        cfg = cfg or args or GRPOConfig()
+        dataset = dataset if dataset is not None else train_dataset
+        tokenizer = tokenizer if tokenizer is not None else processing_class
+        if isinstance(model, (str, os.PathLike)):  # a name is a setting: grpo_config.json records it for a resume
+            cfg, model = dataclasses.replace(cfg, model=str(model)), None
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
         if isinstance(names, (list, tuple)) and names and all(isinstance(f, str) for f in names):
             cfg, reward_funcs = dataclasses.replace(cfg, reward_funcs=",".join(names)), None  # names: settings
