@@ -1553,6 +1553,13 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 # The trainer: Part I's step with a model, data and rewards loaded, the run loop, its bookkeeping, and checkpoints.
 # ----------------------------------------------------------------------------------------------------------------------
 
+def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs, reward_weights, autocast) -> dict:
+    """`evaluate` with the config's settings: a run's evaluations and --eval_only score alike."""
+    return evaluate(model, tokenizer, rows, reward_funcs, reward_weights, num_generations=cfg.eval_num_generations,
+                    temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
+                    max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)
+
+
 def tokenizer_of(model):
     """TRL's rule for a model passed without its tokenizer: the one saved where it was loaded from."""
     from transformers import AutoTokenizer
@@ -1741,20 +1748,16 @@ class GRPOTrainer(GRPOStep):
 
     # --- the whole run ---------------------------------------------------------------------------------------------
 
-    def run_evaluation(self, bar=None) -> dict[str, float]:
-        """Score the current policy on the held-out prompts (see `evaluate`), shown under `bar`. Rank 0 evaluates, the
-        others wait."""
-        cfg, metrics = self.cfg, {}
+    def run_evaluation(self, bar) -> dict[str, float]:
+        """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
+        metrics = {}
         if self.dist.main:
-            metrics = {"step": self.step, **evaluate(
-                self.model, self.tokenizer, self.eval_rows, self.reward_funcs, self.reward_weights,
-                num_generations=cfg.eval_num_generations, temperature=cfg.temperature,
-                max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
-                seed=cfg.seed, autocast=self.autocast)}
+            scores = evaluate_as_configured(self.cfg, self.model, self.tokenizer, self.eval_rows, self.reward_funcs,
+                                            self.reward_weights, self.autocast)
+            metrics = {"step": self.step, **scores}
             shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
                      if k in metrics]
-            if bar is not None:
-                bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
+            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
 
@@ -1862,13 +1865,10 @@ class GRPOTrainer(GRPOStep):
                 os._exit(130)
             print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
 
-        previous = {}
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, handler)
+            return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
-            pass
-        return previous
+            return {}
 
     # --- checkpoints -----------------------------------------------------------------------------------------------
 
@@ -1961,14 +1961,14 @@ def effective_sample_size(buffer: ReplayBuffer) -> float:
 
 
 def held_out_rows(cfg: GRPOConfig, dataset, eval_dataset, main: bool = True) -> Optional[list[dict]]:
-    """The held-out prompts: eval_dataset if passed; else --eval_dataset or --dataset's held-out split, but not for a
-    data set passed in from Python (it is not the one --dataset names). None: no evaluation."""
-    rows = None
+    """The held-out prompts, or None (no evaluation): eval_dataset if passed, else --eval_dataset or --dataset's
+    held-out split, but not for a data set passed in from Python (it is not the one --dataset names)."""
+    if cfg.eval_steps == 0:
+        return None
     if eval_dataset is not None:
-        rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
-    elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):
-        rows = load_eval_prompts(cfg)
-    if cfg.eval_steps > 0 and rows is None and main:
+        return prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
+    rows = load_eval_prompts(cfg) if dataset is None or cfg.eval_dataset is not None else None
+    if rows is None and main:
         source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
         print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
               file=sys.stderr)
@@ -1986,25 +1986,27 @@ ZERO_GRAD = 0.5  # the share of trained steps with a gradient of exactly 0 above
 STALE = 1.0  # a replayed token's mean |log ratio| above which replays come from a policy far from the current one
 
 
+def mean_of(rows: list[dict], key: str) -> float:
+    """The mean of a metric over metrics lines, leaving out lines without a finite value (NaN: none at all)."""
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return sum(values) / len(values) if values else math.nan
+
+
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """One line for each failure that a run's metrics show (training lines and held-out lines, as read_metrics gives
     them), each with its fix; none when all is well. The thresholds are the constants above."""
-    def mean(key, rows=train):
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        return sum(values) / len(values) if values else math.nan
-
     if not train:
         return []
     lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
-    if mean("frac_truncated", late) > TRUNCATED:
-        lines.append(f"{mean('frac_truncated', late):.0%} of completions in the second half of training hit "
-                     f"--max_completion_length {cfg.max_completion_length} without an EOS: they never ended. A "
-                     "plain-string prompt gives an instruct model no chat template to end its turn (pass chat "
-                     "messages), or the budget is short for the answer (raise --max_completion_length).")
-    if mean("frac_reward_zero_std") > NO_SPREAD:
+    if (truncated := mean_of(late, "frac_truncated")) > TRUNCATED:
+        lines.append(f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
+                     f"{cfg.max_completion_length} without an EOS: they never ended. A plain-string prompt gives an "
+                     "instruct model no chat template to end its turn (pass chat messages), or the budget is short for "
+                     "the answer (raise --max_completion_length).")
+    if (no_spread := mean_of(train, "frac_reward_zero_std")) > NO_SPREAD:
         plain = BUFFER_CLASSES[cfg.replay_buffer_class] == "ReplayBuffer" and not getattr(cfg, "dynamic_sampling", 0)
-        lines.append(f"{mean('frac_reward_zero_std'):.0%} of groups had no reward spread, so their advantages were 0 "
-                     "and they taught nothing: raise --num_generations or --temperature" + (
+        lines.append(f"{no_spread:.0%} of groups had no reward spread, so their advantages were 0 and they taught "
+                     "nothing: raise --num_generations or --temperature" + (
                          ", or try --dynamic_sampling or --replay_buffer_class SSRReplayBuffer." if plain else "."))
     ends = [np.array([r["reward"] for r in part if math.isfinite(r.get("reward", math.nan))])
             for part in (train[:quarter], train[-quarter:])]
@@ -2025,10 +2027,10 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
     if trained and zeros > ZERO_GRAD * len(trained):
         lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
                      "the weights (every trained advantage 0, or every ratio clipped).")
-    if mean("replay_abs_log_ratio") > STALE:
-        lines.append(f"replayed tokens had a mean |log ratio| of {mean('replay_abs_log_ratio'):.3g} to the current "
-                     f"policy, far outside the clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age "
-                     "or --ssr_age_decay, or the --learning_rate.")
+    if (stale := mean_of(train, "replay_abs_log_ratio")) > STALE:
+        lines.append(f"replayed tokens had a mean |log ratio| of {stale:.3g} to the current policy, far outside the "
+                     f"clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age or --ssr_age_decay, or the "
+                     "--learning_rate.")
     for key, why in (("nonfinite_steps", "a non-finite loss or gradient"), ("skipped_steps", "nothing to train on")):
         if train[-1].get(key):
             lines.append(f"{train[-1][key]} step(s) made no update: {why}.")
@@ -2039,12 +2041,10 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """For an SSR run: what replay did, measured over its training lines."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
         return []
-    def mean(key):
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        return sum(values) / len(values) if values else math.nan
-    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean('replay_frac'):.1%} of trained samples "
-            f"replayed (replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
-            f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"]
+    replayed, zero_adv, no_spread = (mean_of(rows, k) for k in ("replay_frac", "frac_zero_adv_trained",
+                                                                "frac_reward_zero_std"))
+    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {replayed:.1%} of trained samples replayed "
+            f"(replay_frac), {zero_adv:.1%} trained with advantage 0; {no_spread:.1%} of groups had no reward spread"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -2304,10 +2304,8 @@ def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[
         set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
         model, tokenizer = load_model(name)
         check_positions(cfg, model)
-        results.append({"model": name, **evaluate(
-            model.to(device), tokenizer, rows, funcs, weights, num_generations=cfg.eval_num_generations,
-            temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
-            max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)})
+        results.append({"model": name, **evaluate_as_configured(cfg, model.to(device), tokenizer, rows, funcs, weights,
+                                                                autocast)})
     keys = [k for k in ("eval_accuracy", "eval_greedy_accuracy", "eval_reward", "eval_greedy_reward",
                         "eval_completion_length") if all(k in r for r in results)]
     width = max(len(r["model"]) for r in results)
