@@ -1587,11 +1587,10 @@ class TrainingStopped(KeyboardInterrupt):
 class GRPOTrainer(GRPOStep):
     """Part I's step, built from names or objects, run for `max_steps` (`train()`), with the run's output folder.
 
-    `cfg` may name a checkpoint to resume. TRL's call works too: `GRPOTrainer(model="Qwen/...", reward_funcs=f,
-    args=GRPOConfig(...), train_dataset=ds, eval_dataset=held_out, processing_class=tok)`, with `cfg`, `dataset` and
-    `tokenizer` as our names for `args`, `train_dataset` and `processing_class`. `model` is a name or a model object;
-    `reward_funcs` one function, a name (reward_len, my_module.my_reward) or a list of either.
-    """
+    TRL's call shape: `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`; ours
+    names `args`, `train_dataset` and `processing_class` `cfg`, `dataset` and `tokenizer`. `model` is a name or a model
+    object; `reward_funcs` one function, a name (reward_len, my_module.my_reward) or a list of either. `cfg` may name a
+    checkpoint to resume."""
 
     def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
                  train_dataset=None, eval_dataset=None, processing_class=None, *, model=None, tokenizer=None,
@@ -1771,7 +1770,7 @@ class GRPOTrainer(GRPOStep):
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
-        history, previous = [], self._install_signal_handlers()
+        previous, first = self._install_signal_handlers(), len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
@@ -1791,7 +1790,6 @@ class GRPOTrainer(GRPOStep):
                     if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
                         break
                     metrics = reduce_metrics(self.dist, self.train_step())
-                    history.append(metrics)
                     write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
@@ -1818,6 +1816,7 @@ class GRPOTrainer(GRPOStep):
         self.dist.barrier()
         if self.stop_requested:
             raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}")
+        history = read_metrics(self.log_history[first:])[0]  # this run's training lines
         if main:
             for line in replay_line(history, cfg) + self.health():
                 print(line)
@@ -2131,8 +2130,8 @@ def metrics_figure(output_dir: Path):
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
-            recent = [[v for v in raw[max(0, i - window + 1):i + 1] if not math.isnan(v)] for i in range(len(raw))]
-            ax.plot(steps, [sum(r) / len(r) if r else math.nan for r in recent], lw=1.6, color=color, label=key)
+            trailing = [mean_of(train[max(0, i - window + 1):i + 1], key) for i in range(len(train))]
+            ax.plot(steps, trailing, lw=1.6, color=color, label=key)
         if len(keys) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -2289,23 +2288,21 @@ def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
 
 
 def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[str]] = None) -> list[dict]:
-    """--eval_only: score --model, and the trained model saved in --output_dir if there is one, on the same held-out
-    prompts with the same seed, and print them side by side. Writes nothing. Returns one metrics dict per model."""
+    """--eval_only: score --model, and the trained model in --output_dir if there is one, on the same held-out prompts
+    with the same seed; print them side by side. Writes nothing. Returns one metrics dict per model."""
     cfg = resume_config(cfg, cli_options)
     validate_config(cfg)
     funcs, weights = resolve_rewards(cfg, reward_funcs)
-    rows = load_eval_prompts(cfg)
-    if not rows:
+    if not (rows := load_eval_prompts(cfg)):
         raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
     device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg))
-    trained = Path(cfg.output_dir)
-    results = []
+    results, trained = [], Path(cfg.output_dir)
     for name in [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else []):
         set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
         model, tokenizer = load_model(name)
         check_positions(cfg, model)
-        results.append({"model": name, **evaluate_as_configured(cfg, model.to(device), tokenizer, rows, funcs, weights,
-                                                                autocast)})
+        scores = evaluate_as_configured(cfg, model.to(device), tokenizer, rows, funcs, weights, autocast)
+        results.append({"model": name, **scores})
     keys = [k for k in ("eval_accuracy", "eval_greedy_accuracy", "eval_reward", "eval_greedy_reward",
                         "eval_completion_length") if all(k in r for r in results)]
     width = max(len(r["model"]) for r in results)
@@ -2323,10 +2320,9 @@ def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwarg
     if cfg.eval_only:
         return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"), cli_options)
     trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
+    c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
+    replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
     if trainer.dist.main:
-        c = trainer.cfg
-        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
-        ran = trainer.record_of_run  # names what was passed from Python, too
         print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
               f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; {c.max_steps} "
               f"step(s) of {c.generation_batch_size} completions; every setting: "
