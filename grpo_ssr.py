@@ -2109,8 +2109,8 @@ def plot_metrics(output_dir: Path) -> Optional[Path]:
 
 def metrics_figure(output_dir: Path):
     """The figure of a run: training reward, held-out evaluation, replay, the panels the health report reads
-    (frac_reward_zero_std, frac_truncated, grad_norm) and clip_ratio; each training metric raw (thin) under its
-    trailing mean over a twentieth of the run. Built without pyplot, so it leaves pyplot's state alone."""
+    (frac_reward_zero_std, frac_truncated, grad_norm), clip_ratio and completion_length; each training metric raw
+    (thin) under its trailing mean over a twentieth of the run. Built without pyplot: pyplot's state is left alone."""
     from matplotlib.figure import Figure
 
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
