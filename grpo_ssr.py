@@ -1560,21 +1560,6 @@ def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs
                     max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)
 
 
-def tokenizer_of(model):
-    """TRL's rule for a model passed without its tokenizer: the one saved where it was loaded from."""
-    from transformers import AutoTokenizer
-
-    source = getattr(model.config, "_name_or_path", "")
-    try:
-        if not source or not has_tokenizer_files(source):
-            raise OSError(f"the folder holds none of {', '.join(TOKENIZER_FILES)}" if source else
-                          "it was built in code, not loaded from a name or folder")
-        return AutoTokenizer.from_pretrained(source)
-    except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
-        raise ConfigError(f"GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model; none "
-                          f"could be loaded from {source!r}: {one_line(e)}") from None
-
-
 # what `trainer.state` gives: TRL's names, without "epoch" (grpo_ssr counts steps)
 TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_steps", int), ("log_history", list)])
 
@@ -1616,7 +1601,8 @@ class GRPOTrainer(GRPOStep):
             if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):  # resumed: pass them again
                 raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
                                   f"passing {name}= again")
-        tokenizer = tokenizer_of(model) if model is not None and tokenizer is None else tokenizer
+        if model is not None and tokenizer is None:
+            raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model object")
         funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)

@@ -75,25 +75,19 @@ def test_trl_positional_order_takes_args_third_and_names_the_rest(cfg_factory, t
     assert trainer.tokenizer is tok
 
 
-def test_a_model_object_without_processing_class_gets_the_tokenizer_saved_with_it(cfg_factory, tiny_folder, tmp_path,
-                                                                                  keep_threads):
-    """TRL's rule: with no processing_class, the tokenizer comes from where the model was loaded from
-    (model.config._name_or_path). A model built in code has no such place and is refused in one line."""
-    from transformers import AutoModelForCausalLM
+def test_a_model_object_needs_its_processing_class(cfg_factory, tiny_folder, tmp_path, keep_threads):
+    """A model object comes with its tokenizer (processing_class=); without one it is refused in one line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_folder)
-    trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
-    assert trainer.tokenizer.get_vocab() == g.load_model("tiny")[1].get_vocab()
-    assert trainer.train()[-1]["step"] == 1
-    built = g.build_tiny_model(len(g.build_tiny_tokenizer()))
     with pytest.raises(g.ConfigError, match="pass tokenizer= .processing_class= in TRL's words. with this model"):
-        g.GRPOTrainer(built, reward_len, args=cfg_factory(output_dir=str(tmp_path / "built")))
+        g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
+    trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1),
+                            processing_class=AutoTokenizer.from_pretrained(tiny_folder))
+    assert trainer.train()[-1]["step"] == 1
     bare = tmp_path / "weights_only"
     model.save_pretrained(bare)  # no tokenizer files beside the weights
-    with pytest.raises(g.ConfigError, match="with this model; none could be loaded from .*holds none of tokenizer"):
-        g.GRPOTrainer(AutoModelForCausalLM.from_pretrained(bare), reward_len,
-                      args=cfg_factory(output_dir=str(tmp_path / "bare")))
-    # AutoTokenizer would build a 1-token tokenizer from that folder without a word; --model refuses it too
+    # AutoTokenizer would build a 1-token tokenizer from that folder without a word; --model refuses it
     with pytest.raises(g.ConfigError, match="the folder holds no tokenizer"):
         g.load_model(str(bare))
 
