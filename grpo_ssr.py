@@ -1546,40 +1546,11 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 # The trainer: Part I's step with a model, data and rewards loaded, the run loop, its bookkeeping, and checkpoints.
 # ----------------------------------------------------------------------------------------------------------------------
 
-def trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset) -> tuple:
-    """TRL's call shape brought to this trainer's: (config, model object or None, tokenizer, data set). A model named
-    by a string becomes the config's `model`, so that grpo_config.json records it and a resume can load it."""
-    if cfg is not None and not isinstance(cfg, GRPOConfig):  # TRL's first positional argument is the model
-        if model is not None:
-            raise ConfigError("GRPOTrainer: in TRL's order only (model, reward_funcs, args) may be positional; pass "
-                              "train_dataset=, eval_dataset= and processing_class= by name")
-        cfg, model = None, cfg
-    for ours, mine, trls, theirs in (("cfg", cfg, "args", args), ("tokenizer", tokenizer, "processing_class",
-                                     processing_class), ("dataset", dataset, "train_dataset", train_dataset)):
-        if mine is not None and theirs is not None:
-            raise ConfigError(f"GRPOTrainer: pass {ours}= or {trls}= (TRL's name), not both")
-    cfg = cfg if cfg is not None else args if args is not None else GRPOConfig()
-    if isinstance(model, (str, os.PathLike)):
-        cfg, model = dataclasses.replace(cfg, model=str(model)), None
-    return cfg, model, tokenizer if tokenizer is not None else processing_class, \
-        dataset if dataset is not None else train_dataset
-
-
-def tokenizer_of(model):
-    """TRL's rule for a model passed without its tokenizer: the one saved where it was loaded from."""
-    from transformers import AutoTokenizer
-
-    source = getattr(model.config, "_name_or_path", "")
-    if not source:
-        raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model: it was "
-                          "not loaded from a name or folder that a tokenizer could be loaded from")
-    try:
-        if not has_tokenizer_files(source):
-            raise OSError(f"the folder holds none of {', '.join(TOKENIZER_FILES)}")
-        return AutoTokenizer.from_pretrained(source)
-    except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
-        raise ConfigError(f"GRPOTrainer: no tokenizer= (processing_class=) was passed, and none could be loaded "
-                          f"from the model's {source!r}: {one_line(e)}") from None
+def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs, reward_weights, autocast) -> dict:
+    """`evaluate` with the config's settings: a run's evaluations and --eval_only score alike."""
+    return evaluate(model, tokenizer, rows, reward_funcs, reward_weights, num_generations=cfg.eval_num_generations,
+                    temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
+                    max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)
 
 
 # what `trainer.state` gives: TRL's names, without "epoch" (grpo_ssr counts steps)
@@ -1594,23 +1565,25 @@ class TrainingStopped(KeyboardInterrupt):
 class GRPOTrainer(GRPOStep):
     """Part I's step, built from names or objects, run for `max_steps` (`train()`), with the run's output folder.
 
-    `cfg` may name a checkpoint to resume (it then takes the checkpoint's settings); `reward_funcs`, `reward_weights`,
-    `model` with `tokenizer`, `dataset` and `eval_dataset` may be passed from Python instead of named in the config.
-    TRL's names work too: `GRPOTrainer(model="Qwen/...", reward_funcs=f, args=GRPOConfig(...), train_dataset=ds,
-    processing_class=tok)`. `reward_funcs` is one function, a name (reward_len, my_module.my_reward) or a list.
-    """
+    TRL's call shape: `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`; ours
+    names `args`, `train_dataset` and `processing_class` `cfg`, `dataset` and `tokenizer`. `model` is a name or a model
+    object; `reward_funcs` one function, a name (reward_len, my_module.my_reward) or a list of either. `cfg` may name a
+    checkpoint to resume."""
 
-    def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None,
-                 reward_weights: Optional[list[float]] = None, model=None, tokenizer=None,
-                 dataset=None, eval_dataset=None, cli_options: Optional[set[str]] = None, *, args=None,
-                 train_dataset=None, processing_class=None, **others):
-        if others:
-            raise ConfigError(f"GRPOTrainer: {next(iter(others))} is an argument of neither this trainer nor TRL's "
-                              "that it takes (model, reward_funcs, args, train_dataset, eval_dataset, "
-                              "processing_class)")
-        if isinstance(reward_weights, GRPOConfig) and args is None:  # TRL's positional order: model, reward_funcs, args
-            args, reward_weights = reward_weights, None
-        cfg, model, tokenizer, dataset = trl_call(cfg, args, model, tokenizer, processing_class, dataset, train_dataset)
+    def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
+                 train_dataset=None, eval_dataset=None, processing_class=None, *, model=None, tokenizer=None,
+                 dataset=None, reward_weights: Optional[list[float]] = None, cli_options: Optional[set[str]] = None):
+        if not isinstance(cfg, (GRPOConfig, type(None))):  # TRL's first positional argument is the model
+            cfg, model = None, cfg
+        for ours, trls, a, b in (("cfg", "args", cfg, args), ("dataset", "train_dataset", dataset, train_dataset),
+                                 ("tokenizer", "processing_class", tokenizer, processing_class)):
+            if a is not None and b is not None:
+                raise ConfigError(f"GRPOTrainer: pass {ours}= or {trls}= (TRL's name), not both")
+        cfg = cfg or args or GRPOConfig()
+        dataset = dataset if dataset is not None else train_dataset
+        tokenizer = tokenizer if tokenizer is not None else processing_class
+        if isinstance(model, (str, os.PathLike)):  # a name is a setting: grpo_config.json records it for a resume
+            cfg, model = dataclasses.replace(cfg, model=str(model)), None
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
         if isinstance(names, (list, tuple)) and names and all(isinstance(f, str) for f in names):
             cfg, reward_funcs = dataclasses.replace(cfg, reward_funcs=",".join(names)), None  # names: settings
@@ -1621,7 +1594,8 @@ class GRPOTrainer(GRPOStep):
             if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):  # resumed: pass them again
                 raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
                                   f"passing {name}= again")
-        tokenizer = tokenizer_of(model) if model is not None and tokenizer is None else tokenizer
+        if model is not None and tokenizer is None:
+            raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model object")
         funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)
@@ -1752,20 +1726,16 @@ class GRPOTrainer(GRPOStep):
 
     # --- the whole run ---------------------------------------------------------------------------------------------
 
-    def run_evaluation(self, bar=None) -> dict[str, float]:
-        """Score the current policy on the held-out prompts (see `evaluate`), shown under `bar`. Rank 0 evaluates, the
-        others wait."""
-        cfg, metrics = self.cfg, {}
+    def run_evaluation(self, bar) -> dict[str, float]:
+        """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
+        metrics = {}
         if self.dist.main:
-            metrics = {"step": self.step, **evaluate(
-                self.model, self.tokenizer, self.eval_rows, self.reward_funcs, self.reward_weights,
-                num_generations=cfg.eval_num_generations, temperature=cfg.temperature,
-                max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length,
-                seed=cfg.seed, autocast=self.autocast)}
+            scores = evaluate_as_configured(self.cfg, self.model, self.tokenizer, self.eval_rows, self.reward_funcs,
+                                            self.reward_weights, self.autocast)
+            metrics = {"step": self.step, **scores}
             shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
                      if k in metrics]
-            if bar is not None:
-                bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
+            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
 
@@ -1779,7 +1749,7 @@ class GRPOTrainer(GRPOStep):
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
-        history, previous = [], self._install_signal_handlers()
+        previous, first = self._install_signal_handlers(), len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
@@ -1799,7 +1769,6 @@ class GRPOTrainer(GRPOStep):
                     if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
                         break
                     metrics = reduce_metrics(self.dist, self.train_step())
-                    history.append(metrics)
                     write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
@@ -1826,6 +1795,7 @@ class GRPOTrainer(GRPOStep):
         self.dist.barrier()
         if self.stop_requested:
             raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}")
+        history = read_metrics(self.log_history[first:])[0]  # this run's training lines
         if main:
             for line in replay_line(history, cfg) + self.health():
                 print(line)
@@ -1873,13 +1843,10 @@ class GRPOTrainer(GRPOStep):
                 os._exit(130)
             print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
 
-        previous = {}
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, handler)
+            return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
-            pass
-        return previous
+            return {}
 
     # --- checkpoints -----------------------------------------------------------------------------------------------
 
@@ -1972,14 +1939,14 @@ def effective_sample_size(buffer: ReplayBuffer) -> float:
 
 
 def held_out_rows(cfg: GRPOConfig, dataset, eval_dataset, main: bool = True) -> Optional[list[dict]]:
-    """The held-out prompts: eval_dataset if passed; else --eval_dataset or --dataset's held-out split, but not for a
-    data set passed in from Python (it is not the one --dataset names). None: no evaluation."""
-    rows = None
+    """The held-out prompts, or None (no evaluation): eval_dataset if passed, else --eval_dataset or --dataset's
+    held-out split, but not for a data set passed in from Python (it is not the one --dataset names)."""
+    if cfg.eval_steps == 0:
+        return None
     if eval_dataset is not None:
-        rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
-    elif cfg.eval_steps > 0 and (dataset is None or cfg.eval_dataset is not None):
-        rows = load_eval_prompts(cfg)
-    if cfg.eval_steps > 0 and rows is None and main:
+        return prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
+    rows = load_eval_prompts(cfg) if dataset is None or cfg.eval_dataset is not None else None
+    if rows is None and main:
         source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
         print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
               file=sys.stderr)
@@ -1997,25 +1964,27 @@ ZERO_GRAD = 0.5  # the share of trained steps with a gradient of exactly 0 above
 STALE = 1.0  # a replayed token's mean |log ratio| above which replays come from a policy far from the current one
 
 
+def mean_of(rows: list[dict], key: str) -> float:
+    """The mean of a metric over metrics lines, leaving out lines without a finite value (NaN: none at all)."""
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return sum(values) / len(values) if values else math.nan
+
+
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """One line for each failure that a run's metrics show (training lines and held-out lines, as read_metrics gives
     them), each with its fix; none when all is well. The thresholds are the constants above."""
-    def mean(key, rows=train):
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        return sum(values) / len(values) if values else math.nan
-
     if not train:
         return []
     lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
-    if mean("frac_truncated", late) > TRUNCATED:
-        lines.append(f"{mean('frac_truncated', late):.0%} of completions in the second half of training hit "
-                     f"--max_completion_length {cfg.max_completion_length} without an EOS: they never ended. A "
-                     "plain-string prompt gives an instruct model no chat template to end its turn (pass chat "
-                     "messages), or the budget is short for the answer (raise --max_completion_length).")
-    if mean("frac_reward_zero_std") > NO_SPREAD:
+    if (truncated := mean_of(late, "frac_truncated")) > TRUNCATED:
+        lines.append(f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
+                     f"{cfg.max_completion_length} without an EOS: they never ended. A plain-string prompt gives an "
+                     "instruct model no chat template to end its turn (pass chat messages), or the budget is short for "
+                     "the answer (raise --max_completion_length).")
+    if (no_spread := mean_of(train, "frac_reward_zero_std")) > NO_SPREAD:
         plain = BUFFER_CLASSES[cfg.replay_buffer_class] == "ReplayBuffer" and not getattr(cfg, "dynamic_sampling", 0)
-        lines.append(f"{mean('frac_reward_zero_std'):.0%} of groups had no reward spread, so their advantages were 0 "
-                     "and they taught nothing: raise --num_generations or --temperature" + (
+        lines.append(f"{no_spread:.0%} of groups had no reward spread, so their advantages were 0 and they taught "
+                     "nothing: raise --num_generations or --temperature" + (
                          ", or try --dynamic_sampling or --replay_buffer_class SSRReplayBuffer." if plain else "."))
     ends = [np.array([r["reward"] for r in part if math.isfinite(r.get("reward", math.nan))])
             for part in (train[:quarter], train[-quarter:])]
@@ -2036,10 +2005,10 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
     if trained and zeros > ZERO_GRAD * len(trained):
         lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
                      "the weights (every trained advantage 0, or every ratio clipped).")
-    if mean("replay_abs_log_ratio") > STALE:
-        lines.append(f"replayed tokens had a mean |log ratio| of {mean('replay_abs_log_ratio'):.3g} to the current "
-                     f"policy, far outside the clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age "
-                     "or --ssr_age_decay, or the --learning_rate.")
+    if (stale := mean_of(train, "replay_abs_log_ratio")) > STALE:
+        lines.append(f"replayed tokens had a mean |log ratio| of {stale:.3g} to the current policy, far outside the "
+                     f"clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age or --ssr_age_decay, or the "
+                     "--learning_rate.")
     for key, why in (("nonfinite_steps", "a non-finite loss or gradient"), ("skipped_steps", "nothing to train on")):
         if train[-1].get(key):
             lines.append(f"{train[-1][key]} step(s) made no update: {why}.")
@@ -2050,12 +2019,10 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """For an SSR run: what replay did, measured over its training lines."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
         return []
-    def mean(key):
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        return sum(values) / len(values) if values else math.nan
-    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean('replay_frac'):.1%} of trained samples "
-            f"replayed (replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
-            f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"]
+    replayed, zero_adv, no_spread = (mean_of(rows, k) for k in ("replay_frac", "frac_zero_adv_trained",
+                                                                "frac_reward_zero_std"))
+    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {replayed:.1%} of trained samples replayed "
+            f"(replay_frac), {zero_adv:.1%} trained with advantage 0; {no_spread:.1%} of groups had no reward spread"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -2121,8 +2088,8 @@ def plot_metrics(output_dir: Path) -> Optional[Path]:
 
 def metrics_figure(output_dir: Path):
     """The figure of a run: training reward, held-out evaluation, replay, the panels the health report reads
-    (frac_reward_zero_std, frac_truncated, grad_norm) and clip_ratio; each training metric raw (thin) under its
-    trailing mean over a twentieth of the run. Built without pyplot, so it leaves pyplot's state alone."""
+    (frac_reward_zero_std, frac_truncated, grad_norm), clip_ratio and completion_length; each training metric raw
+    (thin) under its trailing mean over a twentieth of the run. Built without pyplot: pyplot's state is left alone."""
     from matplotlib.figure import Figure
 
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
@@ -2142,8 +2109,8 @@ def metrics_figure(output_dir: Path):
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
-            recent = [[v for v in raw[max(0, i - window + 1):i + 1] if not math.isnan(v)] for i in range(len(raw))]
-            ax.plot(steps, [sum(r) / len(r) if r else math.nan for r in recent], lw=1.6, color=color, label=key)
+            trailing = [mean_of(train[max(0, i - window + 1):i + 1], key) for i in range(len(train))]
+            ax.plot(steps, trailing, lw=1.6, color=color, label=key)
         if len(keys) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
@@ -2300,25 +2267,21 @@ def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
 
 
 def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[str]] = None) -> list[dict]:
-    """--eval_only: score --model, and the trained model saved in --output_dir if there is one, on the same held-out
-    prompts with the same seed, and print them side by side. Writes nothing. Returns one metrics dict per model."""
+    """--eval_only: score --model, and the trained model in --output_dir if there is one, on the same held-out prompts
+    with the same seed; print them side by side. Writes nothing. Returns one metrics dict per model."""
     cfg = resume_config(cfg, cli_options)
     validate_config(cfg)
     funcs, weights = resolve_rewards(cfg, reward_funcs)
-    rows = load_eval_prompts(cfg)
-    if not rows:
+    if not (rows := load_eval_prompts(cfg)):
         raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
     device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg))
-    trained = Path(cfg.output_dir)
-    results = []
+    results, trained = [], Path(cfg.output_dir)
     for name in [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else []):
         set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
         model, tokenizer = load_model(name)
         check_positions(cfg, model)
-        results.append({"model": name, **evaluate(
-            model.to(device), tokenizer, rows, funcs, weights, num_generations=cfg.eval_num_generations,
-            temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
-            max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)})
+        scores = evaluate_as_configured(cfg, model.to(device), tokenizer, rows, funcs, weights, autocast)
+        results.append({"model": name, **scores})
     keys = [k for k in ("eval_accuracy", "eval_greedy_accuracy", "eval_reward", "eval_greedy_reward",
                         "eval_completion_length") if all(k in r for r in results)]
     width = max(len(r["model"]) for r in results)
@@ -2336,10 +2299,9 @@ def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwarg
     if cfg.eval_only:
         return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"), cli_options)
     trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
+    c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
+    replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
     if trainer.dist.main:
-        c = trainer.cfg
-        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
-        ran = trainer.record_of_run  # names what was passed from Python, too
         print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
               f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; {c.max_steps} "
               f"step(s) of {c.generation_batch_size} completions; every setting: "

@@ -61,40 +61,33 @@ def test_trl_call_shape_trains_saves_and_keeps_a_log_history(cfg_factory, tiny_f
 
 
 def test_trl_positional_order_takes_args_third_and_names_the_rest(cfg_factory, tiny_folder, keep_threads):
-    """TRL's signature is GRPOTrainer(model, reward_funcs, args, train_dataset, ...). Its third positional argument is
-    the config here too; a fourth is refused in one line that says to name it, not read as a model."""
+    """TRL's signature is GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class):
+    the same order here."""
     from datasets import Dataset
 
     args = cfg_factory(max_steps=1)
     trainer = g.GRPOTrainer(str(tiny_folder), reward_len, args)
     assert trainer.cfg.max_steps == 1 and trainer.cfg.model == str(tiny_folder) and trainer.reward_weights == [1.0]
     data = Dataset.from_list([{"prompt": f"POST {i}\nTL;DR:"} for i in range(8)])
-    with pytest.raises(g.ConfigError) as e:
-        g.GRPOTrainer(str(tiny_folder), reward_len, args, data)
-    assert str(e.value) == ("GRPOTrainer: in TRL's order only (model, reward_funcs, args) may be positional; pass "
-                            "train_dataset=, eval_dataset= and processing_class= by name")
+    tok = g.load_model("tiny")[1]
+    trainer = g.GRPOTrainer(str(tiny_folder), reward_len, args, data, data.select(range(2)), tok)
+    assert [r["prompt"] for r in trainer.dataset] == data["prompt"] and len(trainer.eval_rows) == 2
+    assert trainer.tokenizer is tok
 
 
-def test_a_model_object_without_processing_class_gets_the_tokenizer_saved_with_it(cfg_factory, tiny_folder, tmp_path,
-                                                                                  keep_threads):
-    """TRL's rule: with no processing_class, the tokenizer comes from where the model was loaded from
-    (model.config._name_or_path). A model built in code has no such place and is refused in one line."""
-    from transformers import AutoModelForCausalLM
+def test_a_model_object_needs_its_processing_class(cfg_factory, tiny_folder, tmp_path, keep_threads):
+    """A model object comes with its tokenizer (processing_class=); without one it is refused in one line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_folder)
-    trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
-    assert trainer.tokenizer.get_vocab() == g.load_model("tiny")[1].get_vocab()
-    assert trainer.train()[-1]["step"] == 1
-    built = g.build_tiny_model(len(g.build_tiny_tokenizer()))
     with pytest.raises(g.ConfigError, match="pass tokenizer= .processing_class= in TRL's words. with this model"):
-        g.GRPOTrainer(built, reward_len, args=cfg_factory(output_dir=str(tmp_path / "built")))
+        g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
+    trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1),
+                            processing_class=AutoTokenizer.from_pretrained(tiny_folder))
+    assert trainer.train()[-1]["step"] == 1
     bare = tmp_path / "weights_only"
     model.save_pretrained(bare)  # no tokenizer files beside the weights
-    with pytest.raises(g.ConfigError, match="no tokenizer= .processing_class=. was passed, and none could be loaded "
-                                            ".*holds none of tokenizer.json"):
-        g.GRPOTrainer(AutoModelForCausalLM.from_pretrained(bare), reward_len,
-                      args=cfg_factory(output_dir=str(tmp_path / "bare")))
-    # AutoTokenizer would build a 1-token tokenizer from that folder without a word; --model refuses it too
+    # AutoTokenizer would build a 1-token tokenizer from that folder without a word; --model refuses it
     with pytest.raises(g.ConfigError, match="the folder holds no tokenizer"):
         g.load_model(str(bare))
 
@@ -115,22 +108,17 @@ def test_reward_funcs_as_one_function_a_name_or_a_list_of_both(cfg_factory, tmp_
     assert positional.cfg.model == "tiny" and originals(positional) == [reward_len]
 
 
-TAKES = "(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)"
-
-
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(peft_config=object()), f"GRPOTrainer: peft_config is an argument of neither this trainer nor TRL's that it "
-                                 f"takes {TAKES}"),
-    (dict(callbacks=[]), f"GRPOTrainer: callbacks is an argument of neither this trainer nor TRL's that it takes "
-                         f"{TAKES}"),
+    (dict(peft_config=object()), "got an unexpected keyword argument 'peft_config'"),  # Python's own TypeError
+    (dict(callbacks=[]), "got an unexpected keyword argument 'callbacks'"),
     (dict(args="both"), "GRPOTrainer: pass cfg= or args= (TRL's name), not both"),
     (dict(train_dataset=[{"prompt": "a"}], dataset=[{"prompt": "b"}]),
      "GRPOTrainer: pass dataset= or train_dataset= (TRL's name), not both"),
 ])
 def test_trl_arguments_this_trainer_lacks_are_one_line(cfg_factory, kwargs, message):
-    with pytest.raises(g.ConfigError) as e:
+    with pytest.raises((g.ConfigError, TypeError)) as e:
         g.GRPOTrainer(cfg_factory(), reward_funcs=reward_len, **kwargs)
-    assert str(e.value) == message
+    assert str(e.value).endswith(message) and "\n" not in str(e.value)
 
 
 NOT_A_FIELD = "is not a field of GRPOConfig (python grpo_ssr.py --help lists them)"
