@@ -1423,11 +1423,9 @@ def extract_answer(text: str) -> Optional[float]:
 
 
 def reward_accuracy(completions: list, answer: list, **kwargs) -> list[float]:
-    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0.
-
-    Only the first number counts. A rule that accepts the answer anywhere in the completion is gamed: the model learns
-    to restate the question ("7 + 5 = 12" contains 12, but also 7 and 5), or to list numbers until one is right.
-    """
+    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0. Only the first number
+    counts: a rule that accepts the answer anywhere in the completion is gamed, as the model learns to restate the
+    question ("7 + 5 = 12" contains 12, but also 7 and 5) or to list numbers until one is right."""
     return [1.0 if extract_answer(_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
 
 
@@ -1435,28 +1433,24 @@ REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binar
                                      "reward_accuracy": reward_accuracy}
 
 
-def reward_func(spec) -> Callable:
-    """One reward function: a function, a name in REWARD_FUNCS, or an importable dotted path (my_module.my_reward)."""
-    func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
-    if isinstance(func, str):
-        module, _, attr = func.rpartition(".")
-        _check(bool(module and attr), "reward_funcs", func,
-               f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
-        if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
-            sys.path.insert(0, os.getcwd())
-        try:
-            func = getattr(importlib.import_module(module), attr)
-        except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-            raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
-    _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
-    return func
-
-
 class CheckedReward:
-    """A reward function whose every answer is checked: one finite number (or None: no score) per completion. Named
-    once in a warning when it returns None."""
+    """A reward function (a function, a name in REWARD_FUNCS, or an importable path such as my_module.my_reward) whose
+    every answer is checked: one finite number (or None: no score) per completion. Named once in a warning when it
+    returns None."""
 
-    def __init__(self, func: Callable):
+    def __init__(self, spec):
+        func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
+        if isinstance(func, str):
+            module, _, attr = func.rpartition(".")
+            _check(bool(module and attr), "reward_funcs", func,
+                   f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
+            if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
+                sys.path.insert(0, os.getcwd())
+            try:
+                func = getattr(importlib.import_module(module), attr)
+            except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
+                raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
+        _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
         self.func, self.__name__, self.warned = func, func_name(func), False
 
     def __call__(self, completions: list, **kwargs) -> list:
@@ -1485,7 +1479,8 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
     """The reward functions, each a CheckedReward (those passed, else --reward_funcs, imported now so that a typo stops
     the run before any work), and one weight for each (those passed, else --reward_weights, else 1.0)."""
     funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
-    funcs = [reward_func(name) for f in funcs for name in (f.split(",") if isinstance(f, str) else [f])]
+    funcs = [f if isinstance(f, CheckedReward) else CheckedReward(f)
+             for spec in funcs for f in (spec.split(",") if isinstance(spec, str) else [spec])]
     given = weights if weights is not None else cfg.reward_weights
     try:
         weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
@@ -1493,7 +1488,7 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
         weights = None
     _check(weights is not None and len(weights) == len(funcs), "reward_weights", given,
            f"give {len(funcs)} number(s), one per reward function")
-    return [f if isinstance(f, CheckedReward) else CheckedReward(f) for f in funcs], weights
+    return funcs, weights
 
 
 # ----------------------------------------------------------------------------------------------------------------------
