@@ -1317,12 +1317,11 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
     for level in levels:
         (lo_a, hi_a), (lo_b, hi_b) = ARITHMETIC_LEVELS[level]
         pairs = sorted({tuple(sorted((a, b))) for a in range(lo_a, hi_a + 1) for b in range(lo_b, hi_b + 1)})
-        kept, count = [], 0
+        kept = []
         for i in np.random.default_rng(level).permutation(len(pairs)):  # whole pairs, both orders, to 100 questions
-            if count >= 100:
+            if sum(map(len, kept)) >= 100:
                 break
             kept.append(sorted({pairs[i], pairs[i][::-1]}))
-            count += len(kept[-1])
         cut = round(len(kept) * 0.3)
         per_level.append([{"prompt": [{"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
                                       {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
