@@ -1899,18 +1899,16 @@ class GRPOTrainer(GRPOStep):
                            tmp / "trainer_state.pt")
                 (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
-            torch.save({"sample_uid": self.sample_uid, "fresh": self.fresh, "last_gen_metrics": self.last_gen_metrics,
-                        "prompt_sampler": vars(self.prompt_sampler),
-                        "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
-                        "buffer_generator": self.buffer.generator.get_state(),
-                        "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                                "torch": torch.get_rng_state(),
-                                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}},
-                       tmp / f"rank-{self.dist.rank}.pt")
+            buffer = {k: v for k, v in vars(self.buffer).items() if k != "generator"}
+            own = {"sample_uid": self.sample_uid, "fresh": self.fresh,
+                   "last_gen_metrics": self.last_gen_metrics, "prompt_sampler": vars(self.prompt_sampler),
+                   "buffer": buffer, "buffer_generator": self.buffer.generator.get_state(),
+                   "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+            torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
             self.dist.barrier()
         if self.dist.main and self.cfg.save_total_limit is not None:
-            # keep this one and the newest save_total_limit - 1 before it; later ones (from an earlier attempt at
-            # this run) do not count, so the new one is never the one removed
+            # keep this one and the newest save_total_limit - 1 before it (later ones are an earlier attempt's)
             older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
             for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:
                 shutil.rmtree(path)
@@ -1938,7 +1936,7 @@ class GRPOTrainer(GRPOStep):
         self.model.tie_weights()
         self.optimizer.load_state_dict(shared["optimizer"])
         self.scheduler.load_state_dict(shared["scheduler"])
-        if self.ref_model is not None and shared["ref_model"] is not None:
+        if self.ref_model is not None:  # beta > 0, in the checkpoint's run too (resume_config checked)
             self.ref_model.load_state_dict(shared["ref_model"])
         to_device = lambda s: None if s is None else {k: v.to(self.device) if torch.is_tensor(v) else v  # noqa: E731
                                                       for k, v in s.items()}
@@ -2067,9 +2065,8 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
 
 @contextmanager
 def atomic_path(final: Path, owner: bool = True):
-    """Yield a temporary path beside `final` to write a file or a folder into; when the block ends, one rename puts it
-    in place, so that no reader sees it half-written. Only the `owner` clears and renames (the other ranks of a
-    checkpoint write into the folder)."""
+    """A temporary path beside `final` to write a file or folder into, renamed to `final` when the block ends: no
+    reader sees it half-written. Only the `owner` clears and renames it (other ranks write into a checkpoint's)."""
     final = Path(final)
     tmp = final.with_name(f".tmp-{final.name}")
     if owner:
