@@ -633,6 +633,9 @@ def test_resume_accepts_a_flag_equal_to_the_checkpoints(finished_run):
     cfg = g.parse_args(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"), "--learning_rate", "0.002",
                         "--save_steps", "5"])
     assert cfg.learning_rate == 0.002 and cfg.save_steps == 5 and cfg.max_steps == 2
+    # what counts as given: every spelling of a field's flag
+    given = g.parse_cli(["--max-steps", "5", "--no_disable_dropout", "--beta=0.1"])[1]
+    assert given == {"max_steps", "disable_dropout", "beta"}
     assert g.Path(cfg.output_dir).resolve() == finished_run.resolve()
 
 
