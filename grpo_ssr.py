@@ -1786,25 +1786,19 @@ class GRPOTrainer(GRPOStep):
         return history
 
     def _prepare_output_dir(self) -> None:
-        """Resuming loads the checkpoint here; a fresh run with --overwrite_output_dir, or over a run that finished no
-        step (it crashed), removes the old run's files (only those). Every start removes the half-written folders a
-        hard exit leaves (.tmp-*)."""
-        out = Path(self.cfg.output_dir)
+        """Every start removes the half-written .tmp-* folders that a hard exit leaves; a resume then loads its
+        checkpoint, a fresh run removes what an earlier run wrote there (see check_output_dir)."""
+        resuming = self.cfg.resume_from_checkpoint is not None
+        old = [] if resuming else check_output_dir(self.cfg)  # again: another trainer may have run here since
         if self.dist.main:
-            for path in out.glob(".tmp-*"):
-                _remove(path)
-        if self.resumed_from is None and self.cfg.resume_from_checkpoint is not None:
-            self.load_checkpoint(self.cfg.resume_from_checkpoint)
-        if self.resumed_from is not None:
-            return
-        check_output_dir(self.cfg)  # again: another trainer may have trained in this folder since this one was built
-        if self.dist.main and (self.cfg.overwrite_output_dir or (out / "metrics.jsonl").exists()):
-            if not self.cfg.overwrite_output_dir:  # what check_output_dir lets through: a run with no finished step
-                print(f"note: --output_dir {str(out)!r} holds a run that finished no step: starting over it",
+            if old and not self.cfg.overwrite_output_dir:
+                print(f"note: --output_dir {self.cfg.output_dir!r} holds a run that finished no step: starting over it",
                       file=sys.stderr)
-            for path in run_files(out):
+            for path in old + [*Path(self.cfg.output_dir).glob(".tmp-*")]:
                 _remove(path)
         self.dist.barrier()
+        if resuming and self.resumed_from is None:
+            self.load_checkpoint(self.cfg.resume_from_checkpoint)
 
     def _log_completions(self, bar) -> None:
         """Append the latest generation batch (every rank's) to completions.jsonl; print a few under the bar."""
@@ -1834,10 +1828,8 @@ class GRPOTrainer(GRPOStep):
     # --- checkpoints -----------------------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """Write output_dir/checkpoint-{step} atomically: into a temporary folder, then one rename.
-
-        trainer_state.pt holds what all ranks share (optimizer, schedule, counters); rank-{r}.pt what is each
-        rank's own (its replay buffer, RNG states, place in the data)."""
+        """Write output_dir/checkpoint-{step} atomically: trainer_state.pt holds what all ranks share (optimizer,
+        schedule, counters), rank-{r}.pt what is each rank's own (its replay buffer, RNG states, place in the data)."""
         final = Path(self.cfg.output_dir) / f"checkpoint-{self.step}"
         with atomic_path(final, owner=self.dist.main) as tmp:
             if self.dist.main:
@@ -1859,8 +1851,7 @@ class GRPOTrainer(GRPOStep):
             torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
             self.dist.barrier()
         if self.dist.main and self.cfg.save_total_limit is not None:
-            # keep the checkpoint just written and the newest save_total_limit - 1 before it; later ones (an earlier
-            # attempt at this run) are not counted, so the new one is never the one removed
+            # keep this one and the newest save_total_limit - 1 before it (later ones are an earlier attempt's)
             older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
             for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:
                 shutil.rmtree(path)
@@ -1868,7 +1859,7 @@ class GRPOTrainer(GRPOStep):
         return final
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore everything save_checkpoint wrote, and cut metrics.jsonl back to the checkpoint's step."""
+        """Restore everything save_checkpoint wrote, and cut metrics.jsonl and completions.jsonl back to its step."""
         from safetensors.torch import load_file
 
         path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
@@ -1879,6 +1870,8 @@ class GRPOTrainer(GRPOStep):
         if shared["world_size"] != self.dist.world_size or len(own["buffer"]["slots"]) != self.buffer.capacity:
             raise ConfigError(f"{where} was written by {shared['world_size']} process(es) with a buffer of "
                               f"{len(own['buffer']['slots'])}; resume it with the same number and buffer")
+        if self.cfg.max_steps < shared["step"]:
+            raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {shared['step']}")
         weights = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f, str(self.device)).items()}
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
@@ -1886,7 +1879,7 @@ class GRPOTrainer(GRPOStep):
         self.model.tie_weights()
         self.optimizer.load_state_dict(shared["optimizer"])
         self.scheduler.load_state_dict(shared["scheduler"])
-        if self.ref_model is not None and shared["ref_model"] is not None:
+        if self.ref_model is not None:  # beta > 0, in the checkpoint's run too (resume_config checked)
             self.ref_model.load_state_dict(shared["ref_model"])
         to_device = lambda s: None if s is None else {k: v.to(self.device) if torch.is_tensor(v) else v  # noqa: E731
                                                       for k, v in s.items()}
@@ -1897,20 +1890,21 @@ class GRPOTrainer(GRPOStep):
         self.sample_uid, self.last_gen_metrics = own["sample_uid"], own["last_gen_metrics"]
         random.setstate(own["rng"]["python"])
         np.random.set_state(own["rng"]["numpy"])
-        torch.set_rng_state(own["rng"]["torch"].cpu())
+        torch.set_rng_state(own["rng"]["torch"])
         if own["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in own["rng"]["cuda"]])
-        if self.cfg.max_steps < self.step:
-            raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {self.step}")
-        saved_max_steps = json.loads((path / "grpo_config.json").read_text()).get("max_steps")
-        if self.dist.main and saved_max_steps != self.cfg.max_steps:
-            print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved_max_steps}: the linear "
-                  f"learning-rate schedule now reaches 0 at step {self.cfg.max_steps}, so steps after {self.step} "
-                  "differ from the original run's", file=sys.stderr)
+            torch.cuda.set_rng_state_all(own["rng"]["cuda"])
+        out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:
-            for name in ("metrics.jsonl", "completions.jsonl"):
-                truncate_metrics(Path(self.cfg.output_dir) / name, self.step)
-            self.log_history = read_lines(Path(self.cfg.output_dir) / "metrics.jsonl")
+            if saved != self.cfg.max_steps:
+                print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the linear "
+                      f"learning-rate schedule now reaches 0 at step {self.cfg.max_steps}, so steps after {self.step} "
+                      "differ from the original run's", file=sys.stderr)
+            for log in (out / "metrics.jsonl", out / "completions.jsonl"):  # no step lost or repeated
+                kept = [r for r in read_lines(log) if r.get("step", math.inf) <= self.step]
+                if log.is_file():
+                    with atomic_path(log) as tmp:
+                        tmp.write_text("".join(map(json_line, kept)))
+            self.log_history = read_lines(out / "metrics.jsonl")
         self.resumed_from = path
         self.dist.barrier()
 
@@ -2014,9 +2008,8 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
 
 @contextmanager
 def atomic_path(final: Path, owner: bool = True):
-    """Yield a temporary path beside `final` to write a file or a folder into; when the block ends, move it into
-    place with one rename, so that a reader never sees it half-written. Only the `owner` clears and renames (the
-    other ranks of a checkpoint write into the folder)."""
+    """A temporary path beside `final` to write a file or folder into, renamed to `final` when the block ends: no
+    reader sees it half-written. Only the `owner` clears and renames it (other ranks write into a checkpoint's)."""
     final = Path(final)
     tmp = final.with_name(f".tmp-{final.name}")
     if owner:
@@ -2043,13 +2036,6 @@ def read_lines(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             break
     return rows
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep the lines of metrics.jsonl up to `last_step`, so a resumed run neither repeats nor loses steps."""
-    if Path(path).is_file():
-        with atomic_path(path) as tmp:
-            tmp.write_text("".join(json_line(r) for r in read_lines(path) if r.get("step", math.inf) <= last_step))
 
 
 def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
@@ -2121,49 +2107,40 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
-def find_last_checkpoint(output_dir: str) -> Optional[Path]:
-    return (checkpoints(output_dir) or [None])[-1]
-
-
 def save_model_files(model, tokenizer, out: Path) -> None:
-    """save_pretrained into a temporary folder, then move each file into `out` and list the names in
-    model_files.json: the exact files written, so that an overwrite removes those and nothing else."""
+    """save_pretrained into `out` by way of a temporary folder, so that model_files.json lists exactly the files it
+    wrote: an overwrite removes those and nothing else."""
     tmp = out / ".tmp-model"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     names = sorted(p.name for p in tmp.iterdir())
     for name in names:
-        _remove(out / name)
         (tmp / name).replace(out / name)
     tmp.rmdir()
     (out / "model_files.json").write_text(json.dumps(names) + "\n")
 
 
-def run_files(output_dir: str | Path) -> list[Path]:
-    """What a run wrote into output_dir, and nothing else: the paths --overwrite_output_dir removes."""
-    out = Path(output_dir)
-    listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
-    names = ["metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json", *listed]
-    found = [out / n for n in names if n == Path(n).name] + checkpoints(out) + [*out.glob(".tmp-*")]
-    return sorted({p for p in found if p.exists()})
-
-
-def check_output_dir(cfg: GRPOConfig) -> None:
-    """A fresh run refuses a folder that holds another run (a metrics.jsonl with a finished step; a run that crashed
-    before its first step does not count), unless --overwrite_output_dir; and clearing the old run's files must not
-    remove the data set this run is about to read."""
+def check_output_dir(cfg: GRPOConfig) -> list[Path]:
+    """What a fresh run removes from --output_dir before it starts: what an earlier run there wrote, and nothing else.
+    Refused if that run finished a step (one that crashed before its first step does not lock its folder), unless
+    --overwrite_output_dir, and if it would remove the data set this run reads."""
     out = Path(cfg.output_dir)
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
-        resume = "--resume_from_checkpoint last to continue it, " if find_last_checkpoint(out) else ""
+        resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
         raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
                           f"replace it, {resume}or another --output_dir")
-    data = Path(cfg.dataset).resolve() if Path(cfg.dataset).exists() else None
-    for path in run_files(out) if data is not None else []:
-        path = path.resolve()
+    if not cfg.overwrite_output_dir and not (out / "metrics.jsonl").exists():
+        return []
+    listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
+    names = ["metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json", *listed]
+    old = [out / n for n in names if n == Path(n).name and (out / n).exists()] + checkpoints(out)
+    data = Path(cfg.dataset).resolve()
+    for path in map(Path.resolve, old):
         if path == data or path in data.parents or data in path.parents:
             raise ConfigError(f"--output_dir {cfg.output_dir!r}: starting a run there would remove {str(path)!r}, "
                               f"which holds --dataset {cfg.dataset!r}; move the data set or use another --output_dir")
+    return old
 
 
 def json_line(row: dict) -> str:
@@ -2190,34 +2167,32 @@ RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_ste
 
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
-    """The settings a resumed run trains with: its checkpoint's grpo_config.json, in its own folder or an empty one.
-    Of the options `given` (from Python: those that differ from the defaults) only RESUME_MAY_CHANGE may differ from
-    the checkpoint's. Resolving a resolved config changes nothing."""
+    """The settings a resumed run trains with: its checkpoint's grpo_config.json, but for the options `given` (from
+    Python: those that differ from the defaults), of which only RESUME_MAY_CHANGE may differ from the checkpoint's.
+    It continues in the checkpoint's folder, or in one that holds no run. Resolving it again changes nothing."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
-    path = find_last_checkpoint(cfg.output_dir) if resume == "last" else Path(resume)
+    path = (checkpoints(cfg.output_dir) or [None])[-1] if resume == "last" else Path(resume)
     if path is None or not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
         raise ConfigError(f"--resume_from_checkpoint {resume!r}: " + (
             f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
             "no such folder" if not path.is_dir() else "not a checkpoint folder (no trainer_state.pt)"))
-    saved, defaults = json.loads((path / "grpo_config.json").read_text()), GRPOConfig()
-    if given is None:
-        given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(defaults, f.name)}
-    values = {}
-    for f in dataclasses.fields(cfg):
-        ours = getattr(cfg, f.name)
-        if f.name in given and f.name not in RESUME_MAY_CHANGE and ours != saved.get(f.name, ours):
-            raise ConfigError(f"--{f.name} {ours!r} conflicts with the checkpoint's {saved[f.name]!r} "
+    saved = json.loads((path / "grpo_config.json").read_text())
+    ours, defaults = dataclasses.asdict(cfg), dataclasses.asdict(GRPOConfig())
+    given = {k for k in ours if ours[k] != defaults[k]} if given is None else given
+    for k in ours:
+        if k in given and k not in RESUME_MAY_CHANGE and ours[k] != saved[k]:
+            raise ConfigError(f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} "
                               f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
                               "--logits_chunk_size and --num_threads may change")
-        values[f.name] = ours if f.name not in saved or f.name in given else saved[f.name]
     own = path.resolve().parent
-    values.update(resume_from_checkpoint=str(path), output_dir=cfg.output_dir if "output_dir" in given else str(own))
-    if Path(values["output_dir"]).resolve() != own and (Path(values["output_dir"]) / "metrics.jsonl").exists():
-        raise ConfigError(f"--output_dir {values['output_dir']!r} holds another run; --resume_from_checkpoint "
-                          f"{str(path)!r} belongs to the run in {str(own)!r}: resume it there, or into an empty folder")
-    return GRPOConfig(**values)
+    out = cfg.output_dir if "output_dir" in given else str(own)
+    if Path(out).resolve() != own and (Path(out) / "metrics.jsonl").exists():
+        raise ConfigError(f"--output_dir {out!r} holds another run; --resume_from_checkpoint {str(path)!r} belongs to "
+                          f"the run in {str(own)!r}: resume it there, or into an empty folder")
+    return GRPOConfig(**{**{k: ours[k] if k in given else saved[k] for k in ours},
+                         "resume_from_checkpoint": str(path), "output_dir": out})
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -2225,7 +2200,7 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
 # ----------------------------------------------------------------------------------------------------------------------
 
 def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
-    """The config the command line writes, not yet resolved for a resume, and the options it names."""
+    """The config the command line writes, not yet resolved for a resume, and the fields it names."""
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
@@ -2240,7 +2215,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
         flag = unknown[0].split("=")[0]
         raise ConfigError(not_a_field(flag[2:].replace("-", "_"), "--") if flag.startswith("--") else
                           f"unexpected argument {unknown[0]!r} (see --help)")
-    names, fields = {a[2:].split("=")[0] for a in argv if a.startswith("--")}, set(GRPOConfig.__dataclass_fields__)
+    fields = set(GRPOConfig.__dataclass_fields__)
+    names = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}  # --max-steps: max_steps
     return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
 
 
