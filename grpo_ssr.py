@@ -763,8 +763,7 @@ class ConfigError(ValueError):
 @dataclass
 class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
-    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling (a baseline without replay): train only groups "
-                                         "with reward spread, generating more to fill the batch.")
+    dynamic_sampling: bool = _opt(False, "DAPO's baseline: train only groups with reward spread, generating more.")
     # --- model and data
     model: str = _opt("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
     dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), arithmetic or arithmetic:1,2,3 (sums), a Hub id, "
@@ -786,15 +785,13 @@ class GRPOConfig(AlgorithmConfig):
     eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
     # --- efficiency
     bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it stays float32).")
-    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else a thread per "
-                                            "core. On a busy machine pass 1.")
+    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
     # --- output and checkpoints
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one.")
     logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = _opt(False, "Append each logging step's completions, rewards and advantages to "
-                                        "completions.jsonl.")
+    log_completions: bool = _opt(False, "Log each logging step's completions, rewards, advantages: completions.jsonl.")
     num_completions_to_print: int = _opt(4, "With --log_completions, completions printed each logging step.")
     save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
     save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints; default keeps all.")
@@ -810,8 +807,8 @@ class GRPOConfig(AlgorithmConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Every field against its annotation and its LIMITS, however the config is made (from Python, the CLI or a
-        checkpoint): max_steps=2.5, learning_rate="1e-5" or loss_type="ppo" is refused, naming the field."""
+        """Every field against its annotation and its limits, however the config is made (from Python, the CLI or a
+        checkpoint): max_steps=2.5, learning_rate="1e-5", loss_type="ppo" or seed=-1 is refused, naming the field."""
         if isinstance(self.scale_rewards, bool) or str(self.scale_rewards).lower() in SCALE_REWARDS:  # TRL's bools too
             self.scale_rewards = SCALE_REWARDS[str(self.scale_rewards).lower()]
         hints = typing.get_type_hints(type(self))
@@ -819,17 +816,17 @@ class GRPOConfig(AlgorithmConfig):
             value, kinds = getattr(self, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
             if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
                 setattr(self, f.name, value := value.item())
-            kind, optional, limit = kinds[0], type(None) in kinds, LIMITS.get(f.name)  # kinds[0]: Optional[kind]
+            kind, optional, least = kinds[0], type(None) in kinds, LEAST.get(f.name, 0)  # kinds[0]: Optional[kind]
             if value is None and optional:
                 continue
             _check(_is(value, kind), f.name, value,
                    f"must be {WORDS[kind]}{' or None' if optional else ''}, not {type(value).__name__}")
-            if f.name in ABOVE_ZERO:
+            if f.name in CHOICES:
+                _check(value in CHOICES[f.name], f.name, value, f"choose one of {', '.join(CHOICES[f.name])}")
+            elif f.name in ABOVE_ZERO:
                 _check(value > 0, f.name, value, "must be > 0")
-            elif isinstance(limit, tuple):
-                _check(value in limit, f.name, value, f"choose one of {', '.join(limit)}")
-            elif limit is not None:
-                _check(value >= limit, f.name, value, f"must be >= {limit}")
+            elif kind in (int, float):
+                _check(value >= least, f.name, value, f"must be >= {least}")
 
 
 def not_a_field(name: str, prefix: str = "") -> str:
@@ -842,15 +839,13 @@ def not_a_field(name: str, prefix: str = "") -> str:
 FROM_PYTHON = "passed from Python"
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", "true": "group", "false": "none"}
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
-# What a field takes beyond its type: its least value (a run refuses less) or its choices; ABOVE_ZERO: more than 0.
-LIMITS = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "num_iterations": 1,
-          "max_prompt_length": 1, "max_completion_length": 1, "logging_steps": 1, "logits_chunk_size": 1,
-          "num_generations": 2, "save_steps": 0, "max_generation_retries": 0, "warmup_steps": 0, "beta": 0,
-          "epsilon": 0, "epsilon_high": 0, "weight_decay": 0, "ssr_alpha": 0, "ssr_capacity_scalar": 1,
-          "num_threads": 1, "save_total_limit": 1, "num_completions_to_print": 0, "ssr_max_age": 0,
-          "ssr_age_decay": 0, "eval_steps": 0, "eval_max_prompts": 0, "eval_num_generations": 1,
-          "loss_type": LOSS_TYPES, "replay_buffer_class": tuple(BUFFER_CLASSES), "ssr_mode": SSR_MODES,
-          "device": ("auto", "cpu", "cuda"), "scale_rewards": tuple(SCALE_REWARDS)}
+# Beyond its type: every number is >= 0 or its LEAST, or > 0 (ABOVE_ZERO); a field with CHOICES takes one of them.
+LEAST = {"num_generations": 2, **dict.fromkeys((
+    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_prompt_length",
+    "max_completion_length", "logging_steps", "logits_chunk_size", "ssr_capacity_scalar", "num_threads",
+    "save_total_limit", "eval_num_generations"), 1)}
+CHOICES = {"loss_type": LOSS_TYPES, "replay_buffer_class": tuple(BUFFER_CLASSES), "ssr_mode": SSR_MODES,
+           "device": ("auto", "cpu", "cuda"), "scale_rewards": tuple(SCALE_REWARDS)}
 ABOVE_ZERO = ("temperature", "learning_rate", "max_grad_norm")
 
 
@@ -921,8 +916,8 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     if bf16 and device.type == "cpu" and not cpu_has_bf16():
-        warnings.warn("--bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), so bf16 would be emulated and "
-                      "slow: running in float32", stacklevel=2)
+        warnings.warn("--bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), where bf16 autocast is emulated "
+                      "and several times slower than float32: running in float32", stacklevel=2)
         bf16 = False
     if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or bf16:
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
@@ -942,8 +937,8 @@ def set_seed(seed: int) -> None:
 
 
 class Torchrun(Dist):
-    """Part I's Dist over torch.distributed when torchrun starts several processes (WORLD_SIZE), with the two
-    collectives only Part II uses (gather, barrier). NCCL on CUDA, gloo on a CPU."""
+    """Part I's Dist over torch.distributed when torchrun starts several processes (WORLD_SIZE), and a barrier.
+    NCCL on CUDA, gloo on a CPU."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -960,12 +955,6 @@ class Torchrun(Dist):
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM if op == "sum" else tdist.ReduceOp.MAX)
         return t.tolist()
 
-    def gather(self, obj) -> list:
-        out = [obj] * self.world_size  # every rank's obj, once there are several
-        if self.world_size > 1:
-            tdist.all_gather_object(out, obj)
-        return out
-
     def barrier(self) -> None:
         if self.world_size > 1:
             tdist.barrier()
@@ -979,7 +968,8 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     every rank has the same (flags, counts the ranks share); a no-op with one process."""
     if dist.world_size == 1:
         return metrics
-    per_rank, out = dist.gather(metrics), dict(metrics)
+    per_rank, out = [None] * dist.world_size, dict(metrics)
+    tdist.all_gather_object(per_rank, metrics)
     for key, value in metrics.items():
         values = [m.get(key, math.nan) for m in per_rank]
         if key in SUMMED_METRICS:
@@ -1019,11 +1009,10 @@ class HeadLogProbs(torch.autograd.Function):
     def backward(ctx, grad):
         with torch.autocast(**ctx.autocast):
             hidden, weight, bias, targets, lse = ctx.saved_tensors
-            T = ctx.temperature
-            g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
+            g = F.linear(hidden, weight, bias).float().div_(ctx.temperature)  # (N, V): rebuilt once, reused in place
             g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
             g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
-            g = g.div_(T).to(weight.dtype)  # through z = logits / T: now the gradient of the logits
+            g = g.div_(ctx.temperature).to(weight.dtype)  # through z = logits / T: now the gradient of the logits
             grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
             grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
             grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
