@@ -867,14 +867,14 @@ def validate_config(cfg: GRPOConfig) -> None:
     """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
     _check(cfg.generation_batch_size % cfg.num_generations == 0, "num_generations", cfg.num_generations,
            f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}")
-    _check(cfg.device != "cuda" or torch.cuda.is_available(), "device", cfg.device,
-           "no CUDA device is available here; use --device cpu or auto")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
     if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
         raise ConfigError("--dynamic_sampling is a baseline without replay: use it with --replay_buffer_class "
                           "ReplayBuffer")
-    _check(not cfg.dataset.startswith("arithmetic") or arithmetic_levels(cfg.dataset) is not None, "dataset",
-           cfg.dataset, f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. "
-                        "arithmetic:1,2")
+    if cfg.dataset.startswith("arithmetic"):
+        _check(arithmetic_levels(cfg.dataset) is not None, "dataset", cfg.dataset,
+               f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
 
 
 def check_positions(cfg: GRPOConfig, model) -> None:
@@ -926,7 +926,7 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
 
 def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
     """--num_threads, else 1 for the tiny model built in code (a second thread gains little there and costs much on a
-    busy machine; one also keeps its metrics independent of OMP_NUM_THREADS), else None: a thread per core."""
+    busy machine, bench_threads.py; one keeps its metrics independent of OMP_NUM_THREADS), else None: one per core."""
     return cfg.num_threads if cfg.num_threads is not None else 1 if cfg.model == "tiny" and model is None else None
 
 
@@ -945,8 +945,7 @@ class Torchrun(Dist):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             if not tdist.is_initialized():
                 tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            self.world_size, self.rank = tdist.get_world_size(), tdist.get_rank()
-            self.main = self.rank == 0
+            self.world_size, self.rank, self.main = tdist.get_world_size(), tdist.get_rank(), tdist.get_rank() == 0
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         if self.world_size == 1:
@@ -989,8 +988,8 @@ class HeadLogProbs(torch.autograd.Function):
     It keeps no (N, V) tensor between forward and backward: forward saves the inputs and the log-normaliser (N,), and
     backward rebuilds the logits once. Each pass works on that one (N, V) buffer in place, so a chunk costs one logits
     tensor at its peak (autograd through the plain formula holds three or four). For z = logits / T, p = softmax(z):
-    d logp_t / d z_j = [j == t] - p_j, and d z / d logits = 1 / T. Backward runs under the forward's autocast (as
-    torch.amp's custom_fwd/custom_bwd would), so the logits it rebuilds are the ones the forward normalised."""
+    d logp_t / d z_j = [j == t] - p_j, and d z / d logits = 1 / T. Backward runs under the forward's autocast, as
+    torch.amp's custom_fwd/custom_bwd would for one device type, so it rebuilds the logits the forward normalised."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
@@ -1066,7 +1065,7 @@ def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, log
     head = lean_head(model)
     if head is None:
         return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,  # (B, T, H)
                               position_ids=positions_from_mask(attention_mask), use_cache=False).last_hidden_state
     hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
     return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
