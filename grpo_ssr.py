@@ -937,8 +937,8 @@ def set_seed(seed: int) -> None:
 
 
 class Torchrun(Dist):
-    """Part I's Dist over torch.distributed when torchrun starts several processes (WORLD_SIZE), and a barrier.
-    NCCL on CUDA, gloo on a CPU."""
+    """Part I's Dist over torch.distributed when torchrun starts several processes (WORLD_SIZE), with the two
+    collectives only Part II uses (gather, barrier). NCCL on CUDA, gloo on a CPU."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -954,6 +954,12 @@ class Torchrun(Dist):
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM if op == "sum" else tdist.ReduceOp.MAX)
         return t.tolist()
 
+    def gather(self, obj) -> list:
+        out = [obj] * self.world_size  # every rank's obj, once there are several
+        if self.world_size > 1:
+            tdist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         if self.world_size > 1:
             tdist.barrier()
@@ -967,8 +973,7 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     every rank has the same (flags, counts the ranks share); a no-op with one process."""
     if dist.world_size == 1:
         return metrics
-    per_rank, out = [None] * dist.world_size, dict(metrics)
-    tdist.all_gather_object(per_rank, metrics)
+    per_rank, out = dist.gather(metrics), dict(metrics)
     for key, value in metrics.items():
         values = [m.get(key, math.nan) for m in per_rank]
         if key in SUMMED_METRICS:
