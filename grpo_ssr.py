@@ -749,9 +749,6 @@ from pathlib import Path  # noqa: E402
 # The rest of the configuration, and validation
 # ----------------------------------------------------------------------------------------------------------------------
 
-DEVICES = ("auto", "cpu", "cuda")
-
-
 class ConfigError(ValueError):
     """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2."""
 
@@ -759,8 +756,7 @@ class ConfigError(ValueError):
 @dataclass
 class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
-    dynamic_sampling: bool = _opt(False, "DAPO's dynamic sampling (a baseline without replay): train only groups "
-                                         "with reward spread, generating more to fill the batch.")
+    dynamic_sampling: bool = _opt(False, "DAPO's baseline: train only groups with reward spread, generating more.")
     # --- model and data
     model: str = _opt("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
     dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), arithmetic or arithmetic:1,2,3 (sums), a Hub id, "
@@ -782,23 +778,20 @@ class GRPOConfig(AlgorithmConfig):
     eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
     # --- efficiency
     bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it stays float32).")
-    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else a thread per "
-                                            "core. On a busy machine pass 1.")
+    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
     # --- output and checkpoints
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one.")
     logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = _opt(False, "Append each logging step's completions, rewards and advantages to "
-                                        "completions.jsonl.")
+    log_completions: bool = _opt(False, "Log each logging step's completions, rewards, advantages: completions.jsonl.")
     num_completions_to_print: int = _opt(4, "With --log_completions, completions printed each logging step.")
     save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
     save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints; default keeps all.")
     resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder, or 'last' in --output_dir: continue that "
                                                        "run with its own settings.")
 
-    def __new__(cls, *args, **kwargs):
-        # Before the dataclass's __init__, which would answer an option it lacks (a TRL one, say) with a bare TypeError
+    def __new__(cls, *args, **kwargs):  # before __init__, which answers an option it lacks with a bare TypeError
         if args:
             raise ConfigError("GRPOConfig takes keyword arguments only, e.g. GRPOConfig(output_dir='runs/mine')")
         for name in kwargs:
@@ -807,7 +800,26 @@ class GRPOConfig(AlgorithmConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
-        check_types(self)
+        """Every field against its annotation and its limits, however the config is made (from Python, the CLI or a
+        checkpoint): max_steps=2.5, learning_rate="1e-5", loss_type="ppo" or seed=-1 is refused, naming the field."""
+        if isinstance(self.scale_rewards, bool) or str(self.scale_rewards).lower() in SCALE_REWARDS:  # TRL's bools too
+            self.scale_rewards = SCALE_REWARDS[str(self.scale_rewards).lower()]
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value, kinds = getattr(self, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+            if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
+                setattr(self, f.name, value := value.item())
+            kind, optional, least = kinds[0], type(None) in kinds, LEAST.get(f.name, 0)  # kinds[0]: Optional[kind]
+            if value is None and optional:
+                continue
+            _check(_is(value, kind), f.name, value,
+                   f"must be {WORDS[kind]}{' or None' if optional else ''}, not {type(value).__name__}")
+            if f.name in CHOICES:
+                _check(value in CHOICES[f.name], f.name, value, f"choose one of {', '.join(CHOICES[f.name])}")
+            elif f.name in ABOVE_ZERO:
+                _check(value > 0, f.name, value, "must be > 0")
+            elif kind in (int, float):
+                _check(value >= least, f.name, value, f"must be >= {least}")
 
 
 def not_a_field(name: str, prefix: str = "") -> str:
@@ -818,34 +830,22 @@ def not_a_field(name: str, prefix: str = "") -> str:
 
 
 FROM_PYTHON = "passed from Python"
-SCALE_REWARDS = {"group": "group", "true": "group", "batch": "batch", "none": "none", "false": "none"}
-
-
-def check_types(cfg: GRPOConfig) -> None:
-    """Every field against its own annotation, once, when the config is made (from Python, the CLI or a checkpoint):
-    max_steps=2.5 or learning_rate="1e-5" is refused naming the field. An int is a float's value too; a bool is no
-    number. scale_rewards takes TRL's bools too (True -> "group", False -> "none")."""
-    if isinstance(cfg.scale_rewards, bool) or str(cfg.scale_rewards).lower() in SCALE_REWARDS:
-        cfg.scale_rewards = SCALE_REWARDS[str(cfg.scale_rewards).lower()]
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value, kinds = getattr(cfg, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
-        if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
-            setattr(cfg, f.name, value := value.item())
-        base = next(k for k in kinds if k is not type(None))
-        item = typing.get_args(base)[0] if typing.get_origin(base) is list else None
-        ok = (value is None and type(None) in kinds) or (
-            isinstance(value, (list, tuple)) and all(_is(v, item) for v in value) if item else _is(value, base))
-        if not ok:
-            word = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(base, "a list "
-                                                                                                       "of numbers")
-            raise ConfigError(f"--{f.name} {value!r} is invalid: must be {word}"
-                              f"{' or None' if type(None) in kinds else ''}, not {type(value).__name__}")
-    _check(cfg.scale_rewards in SCALE_REWARDS.values(), "scale_rewards", cfg.scale_rewards,
-           "choose one of group, batch, none (or true, false)")
+SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", "true": "group", "false": "none"}
+WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
+# Beyond its type: every number is >= 0 or its LEAST, or > 0 (ABOVE_ZERO); a field with CHOICES takes one of them.
+LEAST = {"num_generations": 2, **dict.fromkeys((
+    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_prompt_length",
+    "max_completion_length", "logging_steps", "logits_chunk_size", "ssr_capacity_scalar", "num_threads",
+    "save_total_limit", "eval_num_generations"), 1)}
+CHOICES = {"loss_type": LOSS_TYPES, "replay_buffer_class": tuple(BUFFER_CLASSES), "ssr_mode": SSR_MODES,
+           "device": ("auto", "cpu", "cuda"), "scale_rewards": tuple(SCALE_REWARDS)}
+ABOVE_ZERO = ("temperature", "learning_rate", "max_grad_norm")
 
 
 def _is(value, kind) -> bool:
+    """isinstance, where an int is a float's value too, a bool is no number, and list[X] takes a list or tuple of X."""
+    if typing.get_origin(kind) is list:
+        return isinstance(value, (list, tuple)) and all(_is(v, typing.get_args(kind)[0]) for v in value)
     if kind in (int, float):
         return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
     return isinstance(value, kind)
@@ -856,27 +856,8 @@ def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
         raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
 
 
-# The least value of each bounded field (a run refuses less), and the fields with a fixed set of values.
-AT_LEAST = {"max_steps": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "num_iterations": 1,
-            "max_prompt_length": 1, "max_completion_length": 1, "logging_steps": 1, "logits_chunk_size": 1,
-            "num_generations": 2, "save_steps": 0, "max_generation_retries": 0, "warmup_steps": 0, "beta": 0,
-            "epsilon": 0, "epsilon_high": 0, "weight_decay": 0, "ssr_alpha": 0, "ssr_capacity_scalar": 1,
-            "num_threads": 1, "save_total_limit": 1, "num_completions_to_print": 0, "ssr_max_age": 0,
-            "ssr_age_decay": 0, "eval_steps": 0, "eval_max_prompts": 0, "eval_num_generations": 1}
-ABOVE_ZERO = ("temperature", "learning_rate", "max_grad_norm")
-CHOICES = {"loss_type": LOSS_TYPES, "replay_buffer_class": tuple(BUFFER_CLASSES), "ssr_mode": SSR_MODES,
-           "device": DEVICES}
-
-
 def validate_config(cfg: GRPOConfig) -> None:
-    """Check every constrained field before any work is done; a ConfigError names the option."""
-    for name, least in AT_LEAST.items():
-        value = getattr(cfg, name)
-        _check(value is None or value >= least, name, value, f"must be >= {least}")
-    for name in ABOVE_ZERO:
-        _check(getattr(cfg, name) > 0, name, getattr(cfg, name), "must be > 0")
-    for name, choices in CHOICES.items():
-        _check(getattr(cfg, name) in choices, name, getattr(cfg, name), f"choose one of {', '.join(choices)}")
+    """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
     _check(cfg.generation_batch_size % cfg.num_generations == 0, "num_generations", cfg.num_generations,
            f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -912,8 +893,8 @@ def one_line(e: BaseException) -> str:
 # ----------------------------------------------------------------------------------------------------------------------
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX). Without either, torch emulates bf16, and CPU
-    autocast is many times slower than float32 (tests/benchmarks/bench_bf16_cpu.py). Most laptops have neither."""
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, and CPU autocast
+    is many times slower than float32 (tests/benchmarks/bench_bf16_cpu.py). Most laptops have neither."""
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
                                                                          "_is_amx_tile_supported"))
 
@@ -923,7 +904,7 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
     instructions when `bf16` is set (weights and optimizer stay float32). `num_threads` sets torch's CPU threads."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+    device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -938,11 +919,8 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
 
 def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
     """--num_threads, else 1 for the tiny model built in code (a second thread gains little there and costs much on a
-    busy machine, tests/benchmarks/bench_threads.py; one thread also keeps its metrics independent of
-    OMP_NUM_THREADS), else None: torch's own thread per core."""
-    if cfg.num_threads is not None:
-        return cfg.num_threads
-    return 1 if cfg.model == "tiny" and model is None else None
+    busy machine, bench_threads.py; one keeps its metrics independent of OMP_NUM_THREADS), else None: one per core."""
+    return cfg.num_threads if cfg.num_threads is not None else 1 if cfg.model == "tiny" and model is None else None
 
 
 def set_seed(seed: int) -> None:
@@ -952,16 +930,15 @@ def set_seed(seed: int) -> None:
 
 
 class Torchrun(Dist):
-    """Part I's Dist with the collectives of torch.distributed when torchrun starts several processes (WORLD_SIZE),
-    and the two that only Part II uses (gather, barrier). NCCL on CUDA, gloo on a CPU."""
+    """Part I's Dist over torch.distributed when torchrun starts several processes (WORLD_SIZE), with the two
+    collectives only Part II uses (gather, barrier). NCCL on CUDA, gloo on a CPU."""
 
     def __init__(self, device: torch.device):
         self.device = device
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             if not tdist.is_initialized():
                 tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            self.world_size, self.rank = tdist.get_world_size(), tdist.get_rank()
-            self.main = self.rank == 0
+            self.world_size, self.rank, self.main = tdist.get_world_size(), tdist.get_rank(), tdist.get_rank() == 0
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         if self.world_size == 1:
@@ -971,10 +948,9 @@ class Torchrun(Dist):
         return t.tolist()
 
     def gather(self, obj) -> list:
-        if self.world_size == 1:
-            return [obj]
-        out = [None] * self.world_size
-        tdist.all_gather_object(out, obj)
+        out = [obj] * self.world_size  # every rank's obj, once there are several
+        if self.world_size > 1:
+            tdist.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
@@ -986,17 +962,17 @@ SUMMED_METRICS = ("completions", "buffer_size", "zero_adv_rejected", "reward_nan
 
 
 def reduce_metrics(dist: Dist, metrics: dict) -> dict:
-    """One metrics line for the whole job: the ranks' values summed or averaged (a no-op with one process)."""
+    """One metrics line for the whole job: each number summed (SUMMED_METRICS) or averaged over the ranks, unless
+    every rank has the same (flags, counts the ranks share); a no-op with one process."""
     if dist.world_size == 1:
         return metrics
     per_rank, out = dist.gather(metrics), dict(metrics)
     for key, value in metrics.items():
-        if isinstance(value, (int, float)) and key != "step":
-            values = [m.get(key, math.nan) for m in per_rank]
-            if key in SUMMED_METRICS:
-                out[key] = float(np.sum(values))
-            elif any(v != value for v in values):  # equal values (flags, counts every rank shares) stay as they are
-                out[key] = float(np.mean(values))
+        values = [m.get(key, math.nan) for m in per_rank]
+        if key in SUMMED_METRICS:
+            out[key] = float(np.sum(values))
+        elif isinstance(value, (int, float)) and key != "step" and any(v != value for v in values):
+            out[key] = float(np.mean(values))
     return out
 
 
@@ -1007,14 +983,11 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
 class HeadLogProbs(torch.autograd.Function):
     """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,).
 
-    Between forward and backward it keeps no (N, V) tensor: forward saves the inputs and the log-normaliser (N,),
-    and backward rebuilds the logits once. Both passes work on that one (N, V) buffer in place, so a chunk costs one
-    logits tensor at its peak; autograd through the plain formula would hold three or four. For z = logits / T and
-    p = softmax(z):  d logp_t / d z_j = [j == t] - p_j,  and  d z / d logits = 1 / T.
-
-    Backward runs under the forward's autocast state (bf16 on a GPU, or on a CPU with --bf16), as torch.amp's
-    custom_fwd/custom_bwd would for one device type, so the rebuilt logits are the ones the forward normalised.
-    """
+    It keeps no (N, V) tensor between forward and backward: forward saves the inputs and the log-normaliser (N,), and
+    backward rebuilds the logits once. Each pass works on that one (N, V) buffer in place, so a chunk costs one logits
+    tensor at its peak (autograd through the plain formula holds three or four). For z = logits / T, p = softmax(z):
+    d logp_t / d z_j = [j == t] - p_j, and d z / d logits = 1 / T. Backward runs under the forward's autocast, as
+    torch.amp's custom_fwd/custom_bwd would for one device type, so it rebuilds the logits the forward normalised."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
@@ -1033,11 +1006,10 @@ class HeadLogProbs(torch.autograd.Function):
     def backward(ctx, grad):
         with torch.autocast(**ctx.autocast):
             hidden, weight, bias, targets, lse = ctx.saved_tensors
-            T = ctx.temperature
-            g = F.linear(hidden, weight, bias).float().div_(T)  # (N, V): rebuilt once, then reused in place
+            g = F.linear(hidden, weight, bias).float().div_(ctx.temperature)  # (N, V): rebuilt once, reused in place
             g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
             g.scatter_add_(-1, targets[:, None], grad[:, None].float())  # + grad at the target: grad * ([j == t] - p)
-            g = g.div_(T).to(weight.dtype)  # through z = logits / T: now the gradient of the logits
+            g = g.div_(ctx.temperature).to(weight.dtype)  # through z = logits / T: now the gradient of the logits
             grad_hidden = (g @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
             grad_weight = (g.T @ hidden.to(g.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
             grad_bias = g.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
@@ -1054,18 +1026,15 @@ def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: tor
     return torch.cat(pieces).view_as(targets)
 
 
-_LEAN_DECISIONS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+_LEAN_DECISIONS = weakref.WeakKeyDictionary()  # model -> whether its head passed the probe: measured once per model
 
 
 def lean_head(model) -> Optional[torch.nn.Linear]:
     """The output head if the model's logits are exactly `head(last hidden state)`, else None (the plain path).
-
-    Measured, not guessed from config names: the first time a model is seen, a probe of 8 tokens goes through both
-    paths and their log-softmaxes are compared. A model that scales or soft-caps its logits (Falcon-H1's
-    lm_head_multiplier, Gemma 2's final_logit_softcapping, ...) fails the probe. The answer is kept per model.
-    """
+    Measured, not guessed from config names: 8 tokens go through both paths and their log-softmaxes are compared, so
+    a model that scales or soft-caps its logits (Falcon-H1's lm_head_multiplier, Gemma 2's soft-capping) fails."""
     head = model.get_output_embeddings()
-    if not (isinstance(head, torch.nn.Linear) and hasattr(model, model.base_model_prefix)):
+    if not isinstance(head, torch.nn.Linear) or model.base_model is model:  # no separate body to run without the head
         return None
     if model not in _LEAN_DECISIONS:
         _LEAN_DECISIONS[model] = _lean_matches_full(model, head)
@@ -1076,12 +1045,11 @@ def lean_head(model) -> Optional[torch.nn.Linear]:
 def _lean_matches_full(model, head: torch.nn.Linear, tolerance: float = 1e-3) -> bool:
     device, training = head.weight.device, model.training
     ids = (torch.arange(1, 9, device=device) * 7919 % head.out_features)[None]  # (1, 8): spread-out token ids
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
     model.eval()
     try:
         with torch.autocast(device.type, enabled=False):
-            full = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits  # (1, 8, V)
-            lean = head(getattr(model, model.base_model_prefix)(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                                                use_cache=False).last_hidden_state)
+            full, lean = model(**inputs).logits, head(model.base_model(**inputs).last_hidden_state)  # (1, 8, V)
     finally:
         model.train(training)
     return full.shape == lean.shape and torch.allclose(full.float().log_softmax(-1), lean.float().log_softmax(-1),
@@ -1095,9 +1063,8 @@ def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, log
     head = lean_head(model)
     if head is None:
         return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
-    hidden = getattr(model, model.base_model_prefix)(input_ids=input_ids, attention_mask=attention_mask,
-                                                     position_ids=positions_from_mask(attention_mask),
-                                                     use_cache=False).last_hidden_state  # (B, T, H)
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,  # (B, T, H)
+                              position_ids=positions_from_mask(attention_mask), use_cache=False).last_hidden_state
     hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
     return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
 

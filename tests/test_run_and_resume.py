@@ -60,6 +60,7 @@ BAD_CONFIGS = [
     (["--eval_max_prompts", "-5"], "--eval_max_prompts"),
     (["--dataset", "arithmetic:4"], "--dataset"),
     (["--dataset", "arithmetic:one"], "--dataset"),
+    (["--seed", "-1"], "--seed"),  # every number is >= 0 (NumPy's seed must be)
 ]
 
 
@@ -95,6 +96,9 @@ def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
     ("bf16", "yes", "--bf16 'yes' is invalid: must be true or false"),
     ("ssr_max_age", 1.5, "--ssr_max_age 1.5 is invalid: must be an integer or None"),
     ("reward_weights", [1.0, "a"], "--reward_weights [1.0, 'a'] is invalid: must be a list of numbers"),
+    ("max_steps", 0, "--max_steps 0 is invalid: must be >= 1"),  # limits and choices too, when the config is made
+    ("learning_rate", 0.0, "--learning_rate 0.0 is invalid: must be > 0"),
+    ("loss_type", "ppo", "--loss_type 'ppo' is invalid: choose one of grpo, bnpo, dr_grpo, dapo"),
 ])
 def test_every_value_is_type_checked_naming_the_field(field, value, message):
     with pytest.raises(g.ConfigError) as e:
