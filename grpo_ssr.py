@@ -745,9 +745,7 @@ import weakref  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The rest of the configuration, and validation
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The rest of the configuration, and validation --------------------------------------------------------------------
 
 class ConfigError(ValueError):
     """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2."""
@@ -888,9 +886,7 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Device and seeds: chosen in one place.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Device and seeds: chosen in one place ----------------------------------------------------------------------------
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, and CPU autocast
@@ -976,9 +972,7 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The memory-lean log-prob path: the output head, log-softmax and gather a chunk of tokens at a time.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The memory-lean log-prob path: the output head, log-softmax and gather, a chunk of tokens at a time --------------
 
 class HeadLogProbs(torch.autograd.Function):
     """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,).
@@ -1080,9 +1074,7 @@ class LeanLogProbs(LogProbs):
         return lean_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature, self.chunk_size)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Models: the tiny one built in code, a GGUF preset, or from_pretrained.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Models: the tiny one built in code, a GGUF preset, or from_pretrained --------------------------------------------
 
 TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                       "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -1219,9 +1211,7 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Data sets and tasks
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Data sets and tasks ----------------------------------------------------------------------------------------------
 
 BUILTIN_SUBREDDITS = ["relationships", "personalfinance", "AskDocs", "cooking", "legaladvice", "running"]
 BUILTIN_POSTS = [
@@ -1362,9 +1352,7 @@ def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
     return rows[:cfg.eval_max_prompts] if rows and cfg.eval_max_prompts else rows
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The other rewards, and resolving them
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The other rewards, and resolving them ----------------------------------------------------------------------------
 
 def reward_len_binary(completions: list, **kwargs) -> list[float]:
     """A sparse variant: 1 within 2 characters of 20, else 0. Most groups then have zero spread early on."""
@@ -1450,9 +1438,7 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
     return funcs, weights
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Evaluation on held-out prompts
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Evaluation on held-out prompts -----------------------------------------------------------------------------------
 
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], reward_weights: Optional[list] = None,
@@ -1492,9 +1478,7 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
     return {**out, "eval_prompts": len(rows), "eval_time": time.perf_counter() - start}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The trainer: Part I's step with a model, data and rewards loaded, the run loop, its bookkeeping, and checkpoints.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The trainer: Part I's step with its model, data and rewards, the run loop and checkpoints ------------------------
 
 def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs, reward_weights, autocast) -> dict:
     """`evaluate` with the config's settings: a run's evaluations and --eval_only score alike."""
@@ -1897,9 +1881,7 @@ def held_out_rows(cfg: GRPOConfig, dataset, eval_dataset, main: bool = True) -> 
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The health report: what a run's own metrics say went wrong, with the fix in a few words. Silent when all is well.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The health report: what a run's metrics say went wrong, with the fix; silent when all is well --------------------
 
 TRUNCATED = 0.9  # the share of completions cut at max_completion_length above which they "never ended"
 NO_SPREAD = 0.5  # the share of groups without reward spread above which most of the batch taught nothing
@@ -1969,9 +1951,7 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
             f"(replay_frac), {zero_adv:.1%} trained with advantage 0; {no_spread:.1%} of groups had no reward spread"]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The output folder: metrics, plots, the saved model; a run removes only what a run writes.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The output folder: metrics, plots, the saved model; a run removes only what a run writes -------------------------
 
 @contextmanager
 def atomic_path(final: Path, owner: bool = True):
@@ -2124,9 +2104,7 @@ def print_outputs(out: Path) -> None:
             print(f"{what}: {out / name}")
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Resume: a checkpoint knows its run.
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Resume: a checkpoint knows its run -------------------------------------------------------------------------------
 
 RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
                      "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
@@ -2162,9 +2140,7 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
                          "resume_from_checkpoint": str(path), "output_dir": out})
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The CLI: parse, train (or only evaluate).
-# ----------------------------------------------------------------------------------------------------------------------
+# --- The CLI: parse, train (or only evaluate) -------------------------------------------------------------------------
 
 def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     """The config the command line writes, not yet resolved for a resume, and the fields it names."""
