@@ -5,9 +5,8 @@ of completions, scores them, and raises the log-probability of those that beat t
 value network). A group whose completions all get the same reward has advantages 0 and teaches nothing. SSR
 (VL-Rethinker, arXiv 2504.08837) keeps samples with a non-zero advantage and replays them with P ~ |advantage|^alpha.
 
-Part I, the algorithm, runs alone; `GRPOStep` owns a run's state and takes one optimizer step at a time. Part II runs
-it for real (validation, torchrun, lean log-probs, models, data, evaluation, the trainer, checkpoints, the health
-report, the CLI) and uses Part I, never the reverse.
+Part I, the algorithm, runs alone: `GRPOStep` owns a run's state and takes one optimizer step at a time. Part II runs
+it for real (models, data, evaluation, checkpoints, torchrun, the CLI) and uses Part I, never the reverse.
 
     python grpo_ssr.py            # plain GRPO: the tiny model on built-in prompts, about a minute on a laptop CPU
     python grpo_ssr.py --replay_buffer_class SSRReplayBuffer --reward_funcs reward_len_binary   # where SSR matters
@@ -50,20 +49,16 @@ def _opt(default, help: str):
 
 @dataclass
 class AlgorithmConfig:
-    # --- sampling a group
     num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
     max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
     max_completion_length: int = _opt(64, "Most tokens per completion (TRL's default is 512; 64 fits reward_len).")
     temperature: float = _opt(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
-    # --- advantages and the loss
-    scale_rewards: str = _opt("group", "Divide advantages by the group's reward std + 1e-4 (group), the batch's, "
-                                       "or not at all (none).")
+    scale_rewards: str = _opt("group", "Divide advantages by the std + 1e-4 of the group (group), batch, or none.")
     loss_type: str = _opt("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's default).")
     epsilon: float = _opt(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
     epsilon_high: Optional[float] = _opt(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO: 0.28).")
     beta: float = _opt(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it.")
     use_bias_correction_kl: bool = _opt(True, "Multiply k3 by pi / pi_old: its gradient is then the reverse KL's.")
-    # --- the optimizer step
     per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
     gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step; a generation batch holds one step's.")
     num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
@@ -73,7 +68,6 @@ class AlgorithmConfig:
     max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
     max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model in about a minute on a laptop CPU.")
     skip_empty_steps: bool = _opt(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
-    # --- replay
     replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO; SSRReplayBuffer (or ssr).")
     ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
     ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha; 0 draws uniformly.")
@@ -110,8 +104,7 @@ def prefill(model, tokenizer, prompts: list[str], max_prompt_length: int, add_sp
     mask = enc.attention_mask[:, -max_prompt_length:].to(device)
     positions = positions_from_mask(mask)  # (P, Tp)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    return {"ids": ids, "mask": mask, "positions": positions, "cache": out.cache,
-            "logits": out.logits[:, -1]}  # logits (P, V): each prompt's next token
+    return {"ids": ids, "mask": mask, "positions": positions, "cache": out.cache, "logits": out.logits[:, -1]}  # (P, V)
 
 
 @torch.no_grad()
@@ -125,7 +118,6 @@ def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completi
     cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
     logits = prefilled["logits"].repeat_interleave(G, dim=0)  # (B, V), B = P * G
     prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
-
     # One token for every row per forward pass. The mask is allocated once and read through growing views.
     B, Tp, C = *prompt_ids.shape, max_completion_length
     mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, C)], dim=1)  # (B, Tp + C)
@@ -178,9 +170,8 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
     """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
-    return [r["prompt"] if isinstance(r["prompt"], str)
-            else tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in rows]
+    return [r["prompt"] if isinstance(r["prompt"], str) else
+            tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
 
 
 # 2. The reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) each.
@@ -203,8 +194,7 @@ def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_gene
     mask = batch["completion_mask"]
     texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
                                    skip_special_tokens=True)
-    chat = not isinstance(rows[0]["prompt"], str)
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+    completions = [t if isinstance(rows[0]["prompt"], str) else [{"role": "assistant", "content": t}] for t in texts]
     repeated = [r for r in rows for _ in range(num_generations)]
     columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
@@ -293,8 +283,7 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
       dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
     num_sequences defaults to B * num_micro_batches; a part batch passes its own, so that every row weighs the same.
     The KL term is k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi /
-    pi_old, which makes its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's).
-    """
+    pi_old, which makes its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
     mask = completion_mask.to(per_token_logps.dtype)
     live = completion_mask.bool()
@@ -342,32 +331,28 @@ def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: None if v[0] is None else torch.stack(v) if torch.is_tensor(v[0]) else v for k, v in values.items()}
 
 
-LOGP_KEYS = ("old_per_token_logps", "ref_per_token_logps")
-
-
 def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
     """Drop each sample's padding, then pad all to the longest prompt (on the left) and completion (on the right):
     samples from different generation batches stack with the least padding. Log-probs follow the completion mask."""
-    trimmed = []
+    def pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:  # (n,) -> (length,)
+        fill = t.new_full((length - t.size(0),), value)
+        return torch.cat([fill, t] if left else [t, fill])
+
+    logp_keys, trimmed = ("old_per_token_logps", "ref_per_token_logps"), []
     for s in samples:
         keep_p, keep_c = s["prompt_mask"].bool(), s["completion_mask"].bool()
         trimmed.append(dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c],
-                            **{k: s[k][keep_c] for k in LOGP_KEYS if s.get(k) is not None}))
+                            **{k: s[k][keep_c] for k in logp_keys if s.get(k) is not None}))
     p_len = max(t["prompt_ids"].size(0) for t in trimmed)
     c_len = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # keep at least one column to forward
     for t in trimmed:
         ones = torch.ones_like(samples[0]["prompt_mask"][:1])
-        t["prompt_mask"] = _pad_to(ones.expand(t["prompt_ids"].size(0)), p_len, 0, left=True)
-        t["completion_mask"] = _pad_to(ones.expand(t["completion_ids"].size(0)), c_len, 0, left=False)
-        t["prompt_ids"] = _pad_to(t["prompt_ids"], p_len, padding_value, left=True)
-        t["completion_ids"] = _pad_to(t["completion_ids"], c_len, padding_value, left=False)
-        t.update({k: _pad_to(t[k], c_len, 0.0, left=False) for k in LOGP_KEYS if t.get(k) is not None})
+        t["prompt_mask"] = pad_to(ones.expand(t["prompt_ids"].size(0)), p_len, 0, left=True)
+        t["completion_mask"] = pad_to(ones.expand(t["completion_ids"].size(0)), c_len, 0, left=False)
+        t["prompt_ids"] = pad_to(t["prompt_ids"], p_len, padding_value, left=True)
+        t["completion_ids"] = pad_to(t["completion_ids"], c_len, padding_value, left=False)
+        t.update({k: pad_to(t[k], c_len, 0.0, left=False) for k in logp_keys if t.get(k) is not None})
     return trimmed
-
-
-def _pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
-    pad = t.new_full((length - t.size(0),), value)
-    return torch.cat([pad, t] if left else [t, pad])
 
 
 class ReplayBuffer:
@@ -375,8 +360,6 @@ class ReplayBuffer:
     after every `add`. With capacity = one generation batch, each sample trains `num_iterations` times: plain GRPO."""
 
     def __init__(self, capacity: int, seed: int = 0):
-        if capacity < 1:
-            raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.slots: list[Optional[dict]] = [None] * capacity
         self.next_slot = self.size = 0  # next_slot: where the next sample goes; once full, also the oldest sample
@@ -414,15 +397,12 @@ class ReplayBuffer:
 
 class SSRReplayBuffer(ReplayBuffer):
     """Selective Sample Replay: store only samples with a non-zero advantage (the others carry no gradient: counted,
-    not stored); draw with replacement, P(i) ~ |A_i|^alpha * exp(-age_i / age_decay). Ages are optimizer steps since a
-    sample was made, against the trainer's step (`advance_to`); one older than max_age is evicted. The priorities and
-    birth steps live in tensors beside the ring, so a draw is one torch.multinomial."""
+    not stored); draw with replacement, P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), ages in optimizer steps against
+    the trainer's (`advance_to`), evicting those older than max_age. A draw is one torch.multinomial."""
 
     def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
                  age_decay: float = 0.0):
         super().__init__(capacity, seed)
-        if alpha < 0:
-            raise ValueError(f"SSRReplayBuffer: alpha must be >= 0, got {alpha}")
         self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
         self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot, 0 when empty
         self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
@@ -510,10 +490,10 @@ class Dist:
 
 class GRPOStep:
     """A run's state and its optimizer step, from a model, its tokenizer, reward functions, a config and prompt rows
-    ({"prompt": ...} and the columns the rewards read). Each `train_step()` generates a batch every `num_iterations`
-    steps (or when there is nothing to train on), then takes one AdamW step. The uniform buffer (plain GRPO) trains
-    the generation batch; SSR's replace draws every micro-batch from the buffer; fill trains the batch's non-zero
-    samples and a draw in each zero-advantage slot (which keeps its own sample when nothing may be drawn)."""
+    ({"prompt": ...} and the columns the rewards read). Each `train_step()` generates every `num_iterations` steps
+    (or when there is nothing to train on) and takes one AdamW step. Plain GRPO trains the generation batch; SSR's
+    replace draws every micro-batch from the buffer; fill trains the batch's non-zero samples and a draw in each
+    zero-advantage slot (which keeps its own sample when nothing may be drawn)."""
 
     def __init__(self, model, tokenizer, reward_funcs: list[Callable], cfg: AlgorithmConfig, dataset: list[dict], *,
                  reward_weights: Optional[list[float]] = None, buffer: Optional[ReplayBuffer] = None,
@@ -523,9 +503,8 @@ class GRPOStep:
         self.reward_funcs, self.reward_weights = list(reward_funcs), list(reward_weights or [1.0] * len(reward_funcs))
         self.dist, self.device = Dist() if dist is None else dist, next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
-        if cfg.beta > 0 and ref_model is None:  # the KL's anchor: the initial model, frozen
-            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.ref_model = ref_model if cfg.beta > 0 else None
+        self.ref_model = None if cfg.beta == 0 else ref_model if ref_model is not None else \
+            copy.deepcopy(model).eval().requires_grad_(False)  # the KL's anchor: the initial model, frozen
         self.logprobs = self.policy = logprobs_class(model, cfg.temperature)  # Part II wraps `policy` in DDP
         self.ref_logprobs = None if self.ref_model is None else logprobs_class(self.ref_model, cfg.temperature)
         self.prompt_sampler = PromptSampler(len(dataset), seed)
@@ -544,9 +523,8 @@ class GRPOStep:
         self.loss_settings = dict(epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
                                   loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
                                   max_completion_length=cfg.max_completion_length)
-        self.fresh: list[dict] = []  # the latest generation batch, zero-advantage samples included
+        self.fresh, self.last_gen_metrics = [], {}  # the latest generation batch (zero advantages too), its metrics
         self.step = self.sample_uid = 0  # skipped steps count too, so max_steps bounds the run
-        self.last_gen_metrics: dict[str, float] = {}
         self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0,
                          **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
 
@@ -599,8 +577,7 @@ class GRPOStep:
                             batch["completion_ids"].size(1))
 
     def refill(self) -> int:
-        """Generate into the buffer, again (at most max_generation_retries times) while there is nothing to train on.
-        Returns the retries; the generation metrics average over the batches."""
+        """Generate into the buffer, again (at most max_generation_retries times) while there is nothing to train on."""
         batches = []
         while not batches or (len(batches) <= self.cfg.max_generation_retries and self.dist.any(not self.can_train())):
             self.fresh = self.generate_batch()
@@ -620,15 +597,12 @@ class GRPOStep:
         if not self.fill:
             return [self.buffer.sample(n) for _ in range(k)]
         keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
-        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]
-        if zeros and self.buffer.can_serve(1):
-            zeros = self.buffer.sample(len(zeros))  # P ~ |A|^alpha (x decay), within the age limit
-        trained = keep + zeros
+        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]  # each slot takes a draw, P ~ |A|^alpha x decay
+        trained = keep + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_serve(1) else zeros)
         return [trained[i * n:(i + 1) * n] for i in range(k)]
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step: generate when due, accumulate the loss's gradient over the step's micro-batches, and
-        update the weights. Returns the step's metrics."""
+        """One optimizer step: generate when due, accumulate the gradient over the micro-batches, and update."""
         cfg, start = self.cfg, time.perf_counter()
         self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
         generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks or none
@@ -706,8 +680,7 @@ def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
 def old_logps(samples: list[dict], batch: dict, logps: torch.Tensor, first: list[int]) -> torch.Tensor:
     """The old log-probs of a micro-batch (B, C): the stored ones, and for rows trained for the first time this
     forward's own, detached (the weights have not changed since they were made), then stored for later steps."""
-    current, rows = logps.detach(), torch.zeros(len(samples), 1, dtype=torch.bool, device=logps.device)
-    rows[first] = True
+    current, rows = logps.detach(), torch.tensor([[i in first] for i in range(len(samples))], device=logps.device)
     for i in first:
         n = int(samples[i]["completion_mask"].sum())
         samples[i]["old_per_token_logps"] = F.pad(current[i, :n], (0, samples[i]["completion_mask"].numel() - n))
