@@ -954,8 +954,8 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
 
 class HeadLogProbs(torch.autograd.Function):
     """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,). It saves
-    no (N, V) tensor: backward rebuilds the logits once, in place, under the forward's autocast (autograd through the
-    plain formula holds three or four). With z = logits / T, p = softmax(z): d logp_t / d z_j = [j == t] - p_j."""
+    no (N, V) tensor: backward rebuilds the same logits (under the forward's autocast) once, in place; autograd through
+    the plain formula holds three or four. With z = logits / T, p = softmax(z): d logp_t / d z_j = [j == t] - p_j."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
@@ -996,7 +996,7 @@ _LEAN_DECISIONS = weakref.WeakKeyDictionary()  # model -> whether its head passe
 
 
 def lean_head(model) -> Optional[torch.nn.Linear]:
-    """The output head if the logits are exactly `head(last hidden state)` (measured, not guessed), else None."""
+    """The output head if the logits are exactly `head(last hidden state)` (probed: some scale them), else None."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or model.base_model is model:  # no separate body to run without the head
         return None
