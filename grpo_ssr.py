@@ -695,11 +695,7 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
 
 
 # ======================================================================================================================
-# Part II: running it for real. Skip on a first read.
-#
-# Validation, devices and torchrun, the memory-lean log-prob path, models, data sets and tasks, the other rewards,
-# evaluation, the trainer (its bookkeeping, the run loop, checkpoints), the health report, the output folder and
-# plots, resume, and the CLI. Everything here builds on Part I.
+# Part II: running it for real, section by section on top of Part I. Skip on a first read.
 # ======================================================================================================================
 
 import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
@@ -742,8 +738,7 @@ class GRPOConfig(AlgorithmConfig):
     disable_dropout: bool = _opt(True, "Dropout off (TRL's default): sampling and training then see one policy.")
     # --- evaluation
     eval_steps: int = _opt(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
-    eval_dataset: Optional[str] = _opt(None, "Held-out prompts: a split of --dataset or a local file; default the "
-                                             "built-in held-out split.")
+    eval_dataset: Optional[str] = _opt(None, "Held-out split of --dataset, or a local file; default: the task's own.")
     eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
     eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt, beside the greedy one.")
     eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
@@ -771,8 +766,7 @@ class GRPOConfig(AlgorithmConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Every field against its annotation and its limits, however the config is made (from Python, the CLI or a
-        checkpoint): max_steps=2.5, learning_rate="1e-5", loss_type="ppo" or seed=-1 is refused, naming the field."""
+        """Each field against its type and limits, however the config is made: max_steps=2.5 or seed=-1 is refused."""
         if isinstance(self.scale_rewards, bool) or str(self.scale_rewards).lower() in SCALE_REWARDS:  # TRL's bools too
             self.scale_rewards = SCALE_REWARDS[str(self.scale_rewards).lower()]
         hints = typing.get_type_hints(type(self))
@@ -803,7 +797,6 @@ def not_a_field(name: str, prefix: str = "") -> str:
 FROM_PYTHON = "passed from Python"
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", "true": "group", "false": "none"}
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
-# Beyond its type: every number is >= 0 or its LEAST, or > 0 (ABOVE_ZERO); a field with CHOICES takes one of them.
 LEAST = {"num_generations": 2, **dict.fromkeys((
     "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_prompt_length",
     "max_completion_length", "logging_steps", "logits_chunk_size", "ssr_capacity_scalar", "num_threads",
@@ -831,24 +824,19 @@ def validate_config(cfg: GRPOConfig) -> None:
     """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
     _check(cfg.generation_batch_size % cfg.num_generations == 0, "num_generations", cfg.num_generations,
            f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device 'cuda' is invalid: no CUDA device is available here; use --device cpu or auto")
+    _check(cfg.device != "cuda" or torch.cuda.is_available(), "device", cfg.device, "no CUDA device: use cpu or auto")
     if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
-        raise ConfigError("--dynamic_sampling is a baseline without replay: use it with --replay_buffer_class "
-                          "ReplayBuffer")
-    if cfg.dataset.startswith("arithmetic"):
-        _check(arithmetic_levels(cfg.dataset) is not None, "dataset", cfg.dataset,
-               f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
+        raise ConfigError("--dynamic_sampling is a baseline without replay: use --replay_buffer_class ReplayBuffer")
+    _check(not cfg.dataset.startswith("arithmetic") or arithmetic_levels(cfg.dataset), "dataset", cfg.dataset,
+           f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
 
 
 def check_positions(cfg: GRPOConfig, model) -> None:
     """A prompt and its completion must fit in the model's positions: refused, not capped."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    total = cfg.max_prompt_length + cfg.max_completion_length
-    if isinstance(limit, int) and total > limit:
+    if isinstance(limit, int) and (total := cfg.max_prompt_length + cfg.max_completion_length) > limit:
         raise ConfigError(f"--max_prompt_length {cfg.max_prompt_length} + --max_completion_length "
-                          f"{cfg.max_completion_length} = {total} exceeds the model's {limit} positions "
-                          "(max_position_embeddings): lower one of them")
+                          f"{cfg.max_completion_length} = {total} exceeds the model's {limit} positions: lower one")
 
 
 def one_line(e: BaseException) -> str:
@@ -862,15 +850,12 @@ def one_line(e: BaseException) -> str:
 # --- Device and seeds: chosen in one place ----------------------------------------------------------------------------
 
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, and CPU autocast
-    is many times slower than float32 (tests/benchmarks/bench_bf16_cpu.py). Most laptops have neither."""
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
-                                                                         "_is_amx_tile_supported"))
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX): elsewhere bf16 autocast is emulated, and slow."""
+    return any(getattr(torch.cpu, p, lambda: False)() for p in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
 def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[int] = None) -> tuple[torch.device, Any]:
-    """The device and the autocast to run the model under: bf16 on GPUs that support it, and on a CPU with bf16
-    instructions when `bf16` is set (weights and optimizer stay float32). `num_threads` sets torch's CPU threads."""
+    """The device, and the autocast to run the model under: bf16 on GPUs with it, and on a CPU if `bf16` and it can."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
@@ -878,8 +863,7 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     if bf16 and device.type == "cpu" and not cpu_has_bf16():
-        warnings.warn("--bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), where bf16 autocast is emulated "
-                      "and several times slower than float32: running in float32", stacklevel=2)
+        warnings.warn("--bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX): using float32", stacklevel=2)
         bf16 = False
     if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or bf16:
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
@@ -887,8 +871,7 @@ def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[in
 
 
 def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
-    """--num_threads, else 1 for the tiny model built in code (a second thread gains little there and costs much on a
-    busy machine, bench_threads.py; one keeps its metrics independent of OMP_NUM_THREADS), else None: one per core."""
+    """--num_threads, else 1 for the tiny model built in code (its metrics then ignore OMP_NUM_THREADS), else None."""
     return cfg.num_threads if cfg.num_threads is not None else 1 if cfg.model == "tiny" and model is None else None
 
 
@@ -899,8 +882,7 @@ def set_seed(seed: int) -> None:
 
 
 class Torchrun(Dist):
-    """Part I's Dist over torch.distributed when torchrun starts several processes (WORLD_SIZE), with the two
-    collectives only Part II uses (gather, barrier). NCCL on CUDA, gloo on a CPU."""
+    """Part I's Dist over torch.distributed when torchrun starts several processes, with gather and barrier too."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -927,18 +909,14 @@ class Torchrun(Dist):
             tdist.barrier()
 
 
-SUMMED_METRICS = ("completions", "buffer_size", "zero_adv_rejected", "reward_nan")
-
-
 def reduce_metrics(dist: Dist, metrics: dict) -> dict:
-    """One metrics line for the whole job: each number summed (SUMMED_METRICS) or averaged over the ranks, unless
-    every rank has the same (flags, counts the ranks share); a no-op with one process."""
+    """One metrics line for the whole job: each number summed or averaged over the ranks, unless all ranks agree."""
     if dist.world_size == 1:
         return metrics
     per_rank, out = dist.gather(metrics), dict(metrics)
     for key, value in metrics.items():
         values = [m.get(key, math.nan) for m in per_rank]
-        if key in SUMMED_METRICS:
+        if key in ("completions", "buffer_size", "zero_adv_rejected", "reward_nan"):  # counts
             out[key] = float(np.sum(values))
         elif isinstance(value, (int, float)) and key != "step" and any(v != value for v in values):
             out[key] = float(np.mean(values))
@@ -948,13 +926,9 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
 # --- The memory-lean log-prob path: the output head, log-softmax and gather, a chunk of tokens at a time --------------
 
 class HeadLogProbs(torch.autograd.Function):
-    """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,).
-
-    It keeps no (N, V) tensor between forward and backward: forward saves the inputs and the log-normaliser (N,), and
-    backward rebuilds the logits once. Each pass works on that one (N, V) buffer in place, so a chunk costs one logits
-    tensor at its peak (autograd through the plain formula holds three or four). For z = logits / T, p = softmax(z):
-    d logp_t / d z_j = [j == t] - p_j, and d z / d logits = 1 / T. Backward runs under the forward's autocast, as
-    torch.amp's custom_fwd/custom_bwd would for one device type, so it rebuilds the logits the forward normalised."""
+    """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,). It saves
+    no (N, V) tensor: backward rebuilds the same logits (under the forward's autocast) once, in place; autograd through
+    the plain formula holds three or four. With z = logits / T, p = softmax(z): d logp_t / d z_j = [j == t] - p_j."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
@@ -983,10 +957,8 @@ class HeadLogProbs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
-def chunked_head_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
-                       chunk_size: int) -> torch.Tensor:
-    """Apply the output head, log-softmax and gather `chunk_size` tokens at a time, each chunk through HeadLogProbs:
-    at most one chunk of (chunk_size, V) logits exists at any time, in forward and in backward. (B, C, H) -> (B, C)."""
+def chunked_head_logps(hidden, head: torch.nn.Linear, targets, temperature: float, chunk_size: int) -> torch.Tensor:
+    """HeadLogProbs, `chunk_size` tokens at a time: at most one (chunk_size, V) logits exists. (B, C, H) -> (B, C)."""
     flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
     pieces = [HeadLogProbs.apply(flat_h[s:s + chunk_size], head.weight, head.bias, flat_t[s:s + chunk_size],
                                  temperature) for s in range(0, flat_h.size(0), chunk_size)]
@@ -997,38 +969,28 @@ _LEAN_DECISIONS = weakref.WeakKeyDictionary()  # model -> whether its head passe
 
 
 def lean_head(model) -> Optional[torch.nn.Linear]:
-    """The output head if the model's logits are exactly `head(last hidden state)`, else None (the plain path).
-    Measured, not guessed from config names: 8 tokens go through both paths and their log-softmaxes are compared, so
-    a model that scales or soft-caps its logits (Falcon-H1's lm_head_multiplier, Gemma 2's soft-capping) fails."""
+    """The output head if the logits are exactly `head(last hidden state)` (probed: some scale them), else None."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or model.base_model is model:  # no separate body to run without the head
         return None
     if model not in _LEAN_DECISIONS:
-        _LEAN_DECISIONS[model] = _lean_matches_full(model, head)
+        ids = (torch.arange(1, 9, device=head.weight.device) * 7919 % head.out_features)[None]  # (1, 8): spread out
+        inputs, training = dict(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False), model.training
+        model.eval()
+        try:
+            with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+                full, lean = model(**inputs).logits, head(model.base_model(**inputs).last_hidden_state)  # (1, 8, V)
+        finally:
+            model.train(training)
+        _LEAN_DECISIONS[model] = full.shape == lean.shape and torch.allclose(
+            full.float().log_softmax(-1), lean.float().log_softmax(-1), rtol=1e-3, atol=1e-3)
     return head if _LEAN_DECISIONS[model] else None
-
-
-@torch.no_grad()
-def _lean_matches_full(model, head: torch.nn.Linear, tolerance: float = 1e-3) -> bool:
-    device, training = head.weight.device, model.training
-    ids = (torch.arange(1, 9, device=device) * 7919 % head.out_features)[None]  # (1, 8): spread-out token ids
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
-    model.eval()
-    try:
-        with torch.autocast(device.type, enabled=False):
-            full, lean = model(**inputs).logits, head(model.base_model(**inputs).last_hidden_state)  # (1, 8, V)
-    finally:
-        model.train(training)
-    return full.shape == lean.shape and torch.allclose(full.float().log_softmax(-1), lean.float().log_softmax(-1),
-                                                       rtol=tolerance, atol=tolerance)
 
 
 def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
-    """Part I's per_token_logps, with the logits of at most `chunk_size` tokens at a time when the model's head
-    allows it (lean_head). (B, T) -> (B, C)."""
-    head = lean_head(model)
-    if head is None:
+    """Part I's per_token_logps, the logits `chunk_size` tokens at a time where lean_head allows. (B, T) -> (B, C)."""
+    if (head := lean_head(model)) is None:
         return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,  # (B, T, H)
                               position_ids=positions_from_mask(attention_mask), use_cache=False).last_hidden_state
@@ -1037,8 +999,6 @@ def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, log
 
 
 class LeanLogProbs(LogProbs):
-    """Part I's LogProbs through lean_logps."""
-
     def __init__(self, model, temperature: float = 1.0, chunk_size: int = 512):
         super().__init__(model, temperature)
         self.chunk_size = chunk_size

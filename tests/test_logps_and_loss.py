@@ -456,13 +456,12 @@ def test_models_that_post_process_logits_take_the_full_path(build, post, neutral
     full = _full_logits_logps(model, ids, attn, 4, 0.7)
     assert (head_only - full).abs().max() > 1e-3
     # ... and the probe catches it: lean_logps equals the full-logits path
-    calls = []
-    real_probe = g._lean_matches_full
-    monkeypatch.setattr(g, "_lean_matches_full", lambda *a, **k: calls.append(1) or real_probe(*a, **k))
+    calls, real_forward = [], model.forward  # the shapes of the full forwards: the probe's is (1, 8)
+    monkeypatch.setattr(model, "forward", lambda **kw: calls.append(tuple(kw["input_ids"].shape)) or real_forward(**kw))
     assert g.lean_head(model) is None
     for _ in range(2):
         assert torch.allclose(g.lean_logps(model, ids, attn, 4, 0.7).detach(), full, atol=1e-5)
-    assert len(calls) == 1  # probed once per model
+    assert calls == [(1, 8), (2, 10), (2, 10)]  # probed once per model, then the full path
     # the same architecture without post-processing keeps the lean path
     plain = build(neutral)
     assert g.lean_head(plain) is plain.lm_head

@@ -158,7 +158,7 @@ def test_same_seed_same_metrics_bit_for_bit(cfg_factory, tmp_path):
 
 def test_the_record_says_float32_when_bf16_fell_back(cfg_factory, monkeypatch, keep_threads):
     monkeypatch.setattr(g, "cpu_has_bf16", lambda: False)
-    with pytest.warns(UserWarning, match="running in float32"):
+    with pytest.warns(UserWarning, match="using float32"):
         trainer = g.GRPOTrainer(cfg_factory(bf16=True))
     assert trainer.record_of_run["bf16"] is False and trainer.record_of_run["precision"] == "float32"
     monkeypatch.setattr(g, "cpu_has_bf16", lambda: True)

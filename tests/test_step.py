@@ -437,8 +437,7 @@ def test_dynamic_sampling_with_no_spread_generates_to_the_cap_then_skips(cfg_fac
 def test_dynamic_sampling_needs_the_uniform_buffer(cfg_factory):
     with pytest.raises(g.ConfigError) as e:
         g.validate_config(cfg_factory(dynamic_sampling=True, **SSR))
-    assert str(e.value) == ("--dynamic_sampling is a baseline without replay: use it with --replay_buffer_class "
-                            "ReplayBuffer")
+    assert str(e.value) == "--dynamic_sampling is a baseline without replay: use --replay_buffer_class ReplayBuffer"
     g.validate_config(cfg_factory(dynamic_sampling=True))  # the default buffer is the uniform one
 
 
