@@ -1496,7 +1496,7 @@ class TrainingStopped(KeyboardInterrupt):
 
 
 class GRPOTrainer(GRPOStep):
-    """Part I's step run by `train()`, called as TRL's (`cfg`, `dataset`, `tokenizer` are our names for `args`,
+    """Part I's step, run by `train()`; called as TRL's (our `cfg`, `dataset`, `tokenizer` are its `args`,
     `train_dataset`, `processing_class`); `model` and `reward_funcs` are names or objects."""
 
     def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
@@ -1520,8 +1520,7 @@ class GRPOTrainer(GRPOStep):
         validate_config(cfg)
         for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
             if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):  # resumed: pass them again
-                raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
-                                  f"passing {name}= again")
+                raise ConfigError(f"--{name}: was {getattr(cfg, name)} in this run; pass {name}= again to resume it")
         if model is not None and tokenizer is None:
             raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model object")
         funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
@@ -1533,8 +1532,7 @@ class GRPOTrainer(GRPOStep):
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
         rows = prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer") \
             if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split, cfg.prompt_column)
-        # grpo_config.json names the objects passed in, and records the precision and threads that ran (bf16 or not)
-        ran_bf16 = autocast is not nullcontext
+        ran_bf16 = autocast is not nullcontext  # grpo_config.json records what ran: bf16 needs a CPU or GPU with it
         self.record_of_run = {
             **dataclasses.asdict(cfg),
             **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
@@ -1550,8 +1548,7 @@ class GRPOTrainer(GRPOStep):
             self.eval_rows = load_eval_prompts(cfg)
         if cfg.eval_steps and self.eval_rows is None and dist.main:
             source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
-            print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
-                  file=sys.stderr)
+            print(f"note: {source} no built-in held-out split and no eval_dataset: no evaluation", file=sys.stderr)
         if model is None:
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
@@ -1568,12 +1565,10 @@ class GRPOTrainer(GRPOStep):
             self.policy = torch.nn.parallel.DistributedDataParallel(
                 self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
-        self.stop_requested = 0
-        self.resumed_from: Optional[Path] = None
+        self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
         self.last_completions: list[dict] = []  # the latest generation batch, for --log_completions
         self.log_history: list[dict] = []  # every line written to metrics.jsonl (on resume, the run's earlier too)
 
-    # TRL's and transformers' names for what a user reads after a run
     args = property(lambda self: self.cfg)
     processing_class = property(lambda self: self.tokenizer)
     state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))
@@ -1666,7 +1661,6 @@ class GRPOTrainer(GRPOStep):
     def train(self) -> list[dict]:
         """Train for max_steps, writing metrics.jsonl, checkpoints and the model (rank 0 alone); return the metrics."""
         from tqdm.auto import tqdm
-
         cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
         old = [] if cfg.resume_from_checkpoint is not None else check_output_dir(cfg)  # again: runs since __init__
         if main:  # a hard exit leaves half-written .tmp-* folders; a fresh run removes what an earlier one wrote here
@@ -1681,7 +1675,19 @@ class GRPOTrainer(GRPOStep):
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
-        previous, first = self._install_signal_handlers(), len(self.log_history)
+
+        def on_signal(signum, frame):
+            self.stop_requested += 1
+            if self.stop_requested > 1:
+                print("second signal: exiting now", file=sys.stderr)
+                os._exit(130)
+            print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
+
+        try:
+            previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
+            previous = {}
+        first = len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
@@ -1690,9 +1696,8 @@ class GRPOTrainer(GRPOStep):
 
                 def write(metrics: dict) -> None:
                     self.log_history.append(metrics)
-                    if main:
-                        log.write(json_line(metrics))  # one write per line: never torn by our own exit
-                        log.flush()
+                    if main:  # one write per line, flushed: never torn by our own exit
+                        print(json_line(metrics), end="", file=log, flush=True)
 
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
                     write(self.run_evaluation(bar))
@@ -1742,26 +1747,12 @@ class GRPOTrainer(GRPOStep):
             print_outputs(out)
         return history
 
-    def _install_signal_handlers(self) -> dict:
-        def handler(signum, frame):
-            self.stop_requested += 1
-            if self.stop_requested > 1:
-                print("second signal: exiting now", file=sys.stderr)
-                os._exit(130)
-            print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
-
-        try:
-            return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
-            return {}
-
     def save_checkpoint(self) -> Path:
         """Write output_dir/checkpoint-{step} atomically: trainer_state.pt what ranks share, rank-{r}.pt each's own."""
         final = Path(self.cfg.output_dir) / f"checkpoint-{self.step}"
         with atomic_path(final, owner=self.dist.main) as tmp:
             if self.dist.main:
-                tmp.mkdir(parents=True)
-                self.model.save_pretrained(tmp)
+                self.model.save_pretrained(tmp)  # makes the folder
                 self.tokenizer.save_pretrained(tmp)
                 torch.save({"step": self.step, "world_size": self.dist.world_size, "counters": self.counters,
                             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -1770,9 +1761,8 @@ class GRPOTrainer(GRPOStep):
                 (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
             own = {"sample_uid": self.sample_uid, "fresh": self.fresh, "last_gen_metrics": self.last_gen_metrics,
-                   "prompt_sampler": vars(self.prompt_sampler),
+                   "prompt_sampler": vars(self.prompt_sampler), "buffer_generator": self.buffer.generator.get_state(),
                    "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
-                   "buffer_generator": self.buffer.generator.get_state(),
                    "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
             torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
@@ -1787,7 +1777,6 @@ class GRPOTrainer(GRPOStep):
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl and completions.jsonl back to its step."""
         from safetensors.torch import load_file
-
         path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
         # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
@@ -1802,10 +1791,9 @@ class GRPOTrainer(GRPOStep):
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
             raise ConfigError(f"{where} does not match --model {self.cfg.model!r}")
         self.model.tie_weights()
-        self.optimizer.load_state_dict(shared["optimizer"])
-        self.scheduler.load_state_dict(shared["scheduler"])
-        if self.ref_model is not None:  # beta > 0, in the checkpoint's run too (resume_config checked)
-            self.ref_model.load_state_dict(shared["ref_model"])
+        for name in ("optimizer", "scheduler", "ref_model"):  # a ref_model: beta > 0, in the checkpoint's run too
+            if getattr(self, name) is not None:
+                getattr(self, name).load_state_dict(shared[name])
         to_device = lambda s: None if s is None else {k: v.to(self.device) if torch.is_tensor(v) else v  # noqa: E731
                                                       for k, v in s.items()}
         vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
@@ -1813,17 +1801,15 @@ class GRPOTrainer(GRPOStep):
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step, self.counters, self.fresh = shared["step"], shared["counters"], [to_device(s) for s in own["fresh"]]
         self.sample_uid, self.last_gen_metrics = own["sample_uid"], own["last_gen_metrics"]
-        random.setstate(own["rng"]["python"])
-        np.random.set_state(own["rng"]["numpy"])
-        torch.set_rng_state(own["rng"]["torch"])
-        if own["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(own["rng"]["cuda"])
+        for name, set_state in (("python", random.setstate), ("numpy", np.random.set_state),
+                                ("torch", torch.set_rng_state), ("cuda", torch.cuda.set_rng_state_all)):
+            if own["rng"][name] is not None and (name != "cuda" or torch.cuda.is_available()):
+                set_state(own["rng"][name])
         out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:
             if saved != self.cfg.max_steps:
-                print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the linear "
-                      f"learning-rate schedule now reaches 0 at step {self.cfg.max_steps}, so steps after {self.step} "
-                      "differ from the original run's", file=sys.stderr)
+                print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the schedule now "
+                      f"ends there, so steps after {self.step} differ from the original run's", file=sys.stderr)
             for log in (out / "metrics.jsonl", out / "completions.jsonl"):  # no step lost or repeated
                 kept = [r for r in read_lines(log) if r.get("step", math.inf) <= self.step]
                 if log.is_file():
