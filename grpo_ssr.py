@@ -1541,7 +1541,7 @@ class GRPOTrainer(GRPOStep):
             **({"reward_weights": weights} if reward_weights is not None else {}),
             "bf16": cfg.bf16 and ran_bf16, "num_threads": torch.get_num_threads(),
             "precision": "bf16 autocast" if ran_bf16 else "float32"}
-        self.eval_rows = None  # the held-out prompts; --dataset's split is not one of a data set passed in
+        self.eval_rows = None  # held-out prompts; not --dataset's split for a data set passed in (it is another)
         if cfg.eval_steps and eval_dataset is not None:
             self.eval_rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
         elif cfg.eval_steps and (dataset is None or cfg.eval_dataset is not None):
