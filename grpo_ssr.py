@@ -1425,17 +1425,12 @@ TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_st
 
 
 class TrainingStopped(KeyboardInterrupt):
-    """Raised by train() after a signal (Ctrl-C, SIGTERM) stopped it and its checkpoint was saved. main() catches it
-    and exits 0 with the resume line."""
+    """Raised by train() once a signal stopped it and its checkpoint is saved; main() exits 0 with the resume line."""
 
 
 class GRPOTrainer(GRPOStep):
-    """Part I's step, built from names or objects, run for `max_steps` (`train()`), with the run's output folder.
-
-    TRL's call shape: `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`; ours
-    names `args`, `train_dataset` and `processing_class` `cfg`, `dataset` and `tokenizer`. `model` is a name or a model
-    object; `reward_funcs` one function, a name (reward_len, my_module.my_reward) or a list of either. `cfg` may name a
-    checkpoint to resume."""
+    """Part I's step, run by `train()`; called as TRL's (our `cfg`, `dataset`, `tokenizer` are its `args`,
+    `train_dataset`, `processing_class`); `model` and `reward_funcs` are names or objects."""
 
     def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
                  train_dataset=None, eval_dataset=None, processing_class=None, *, model=None, tokenizer=None,
@@ -1454,13 +1449,11 @@ class GRPOTrainer(GRPOStep):
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
         if isinstance(names, (list, tuple)) and names and all(isinstance(f, str) for f in names):
             cfg, reward_funcs = dataclasses.replace(cfg, reward_funcs=",".join(names)), None  # names: settings
-        # resolved and checked once, before any work; `cli_options`: the options a command line wrote (resume_config)
-        cfg = resume_config(cfg, cli_options)
+        cfg = resume_config(cfg, cli_options)  # checked once, before any work; cli_options: those a command line wrote
         validate_config(cfg)
         for name, obj in (("model", model), ("dataset", dataset), ("reward_funcs", reward_funcs)):
             if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):  # resumed: pass them again
-                raise ConfigError(f"--{name}: this run's {name} was {getattr(cfg, name)}; resume it from Python, "
-                                  f"passing {name}= again")
+                raise ConfigError(f"--{name}: was {getattr(cfg, name)} in this run; pass {name}= again to resume it")
         if model is not None and tokenizer is None:
             raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model object")
         funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
@@ -1472,9 +1465,7 @@ class GRPOTrainer(GRPOStep):
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
         rows = prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer") \
             if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split, cfg.prompt_column)
-        # what grpo_config.json records: the objects passed in are named, not mistaken for settings, and the
-        # precision and threads that ran (bf16 on a CPU without bf16 instructions falls back to float32)
-        ran_bf16 = autocast is not nullcontext
+        ran_bf16 = autocast is not nullcontext  # grpo_config.json records what ran: bf16 needs a CPU or GPU with it
         self.record_of_run = {
             **dataclasses.asdict(cfg),
             **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
@@ -1483,7 +1474,14 @@ class GRPOTrainer(GRPOStep):
             **({"reward_weights": weights} if reward_weights is not None else {}),
             "bf16": cfg.bf16 and ran_bf16, "num_threads": torch.get_num_threads(),
             "precision": "bf16 autocast" if ran_bf16 else "float32"}
-        self.eval_rows = held_out_rows(cfg, dataset, eval_dataset, dist.main)
+        self.eval_rows = None  # held-out prompts; not --dataset's split for a data set passed in (it is another)
+        if cfg.eval_steps and eval_dataset is not None:
+            self.eval_rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
+        elif cfg.eval_steps and (dataset is None or cfg.eval_dataset is not None):
+            self.eval_rows = load_eval_prompts(cfg)
+        if cfg.eval_steps and self.eval_rows is None and dist.main:
+            source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
+            print(f"note: {source} no built-in held-out split and no eval_dataset: no evaluation", file=sys.stderr)
         if model is None:
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
@@ -1497,17 +1495,12 @@ class GRPOTrainer(GRPOStep):
                          autocast=autocast, dist=dist,
                          logprobs_class=functools.partial(LeanLogProbs, chunk_size=cfg.logits_chunk_size))
         if dist.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.policy = DistributedDataParallel(self.logprobs, device_ids=[device.index]
-                                                  if device.type == "cuda" else None)
+            self.policy = torch.nn.parallel.DistributedDataParallel(
+                self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
-        self.stop_requested = 0
-        self.resumed_from: Optional[Path] = None
+        self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
         self.last_completions: list[dict] = []  # the latest generation batch, for --log_completions
         self.log_history: list[dict] = []  # every line written to metrics.jsonl (on resume, the run's earlier too)
-
-    # --- TRL's and transformers' names for what a user reads after a run -------------------------------------------
 
     args = property(lambda self: self.cfg)
     processing_class = property(lambda self: self.tokenizer)
@@ -1525,8 +1518,6 @@ class GRPOTrainer(GRPOStep):
         """The health report of this run so far (see `health_report`): one line per failure its metrics show."""
         return health_report(*read_metrics(self.log_history), self.cfg)
 
-    # --- Part I's hooks: what a step reports, and DAPO's dynamic sampling (a baseline) ------------------------------
-
     def record_generation(self, batch, rows, rewards, per_func, completions, advantages) -> None:
         super().record_generation(batch, rows, rewards, per_func, completions, advantages)
         self.last_gen_metrics.update({f"rewards/{func_name(f)}": per_func[:, j].nanmean().item()
@@ -1539,8 +1530,7 @@ class GRPOTrainer(GRPOStep):
                                                       completions, rewards, advantages))]
 
     def record(self, metrics: dict, trained: list[dict]) -> dict:
-        """What the step trained on: how much of it is replayed, old, duplicated or without signal, and how far its
-        replayed samples are off-policy (|log pi - log pi_old| over their tokens); and the buffer."""
+        """Add how much of what the step trained is replayed, old, duplicated or without signal; and the buffer."""
         samples, step = [s for t in trained for s in t["samples"]], self.step - 1  # the step just taken
         if samples:
             log_ratio = tokens = 0.0
@@ -1555,15 +1545,13 @@ class GRPOTrainer(GRPOStep):
                            frac_zero_adv_trained=sum(float(s["advantages"]) == 0 for s in samples) / len(samples),
                            unique_sample_frac=len({s["uid"] for s in samples}) / len(samples),
                            adv_abs_trained=float(torch.stack([s["advantages"].abs() for s in samples]).mean()))
-            if tokens > 0:  # 0 on-policy; a ratio outside 1 +- epsilon is |log ratio| > about epsilon
+            if tokens > 0:  # mean |log pi - log pi_old| of the replays: a ratio outside 1 +- eps is above about eps
                 metrics["replay_abs_log_ratio"] = log_ratio / tokens
         return {**metrics, "buffer_size": len(self.buffer), "buffer_ess": effective_sample_size(self.buffer),
                 "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
 
     def refill(self) -> int:
-        """With --dynamic_sampling (DAPO): keep the groups with reward spread, and generate again (at most
-        max_generation_retries times) until they fill a generation batch; surplus groups are discarded, and a step at
-        the cap trains a part batch. Returns the retries."""
+        """--dynamic_sampling (DAPO): keep the groups with reward spread; generate until they fill a batch (or cap)."""
         cfg, G = self.cfg, self.cfg.num_generations
         if not cfg.dynamic_sampling:
             return super().refill()
@@ -1577,9 +1565,8 @@ class GRPOTrainer(GRPOStep):
                     kept += group
                 else:
                     dropped += 1
-        self.fresh, self.last_gen_metrics = kept, mean_metrics(batches)
-        self.last_gen_metrics.update(groups_dropped=float(dropped),
-                                     frac_batch_filled=len(kept) / cfg.generation_batch_size)
+        self.fresh, self.last_gen_metrics = kept, {**mean_metrics(batches), "groups_dropped": float(dropped),
+                                                   "frac_batch_filled": len(kept) / cfg.generation_batch_size}
         return len(batches) - 1
 
     def can_train(self) -> bool:
@@ -1591,15 +1578,13 @@ class GRPOTrainer(GRPOStep):
         n, k = self.cfg.per_device_train_batch_size, self.cfg.gradient_accumulation_steps  # the kept groups, sliced
         return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
 
-    # --- the whole run ---------------------------------------------------------------------------------------------
-
     def run_evaluation(self, bar) -> dict[str, float]:
         """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
         metrics = {}
         if self.dist.main:
-            scores = evaluate_as_configured(self.cfg, self.model, self.tokenizer, self.eval_rows, self.reward_funcs,
-                                            self.reward_weights, self.autocast)
-            metrics = {"step": self.step, **scores}
+            metrics = {"step": self.step, **evaluate_as_configured(
+                self.cfg, self.model, self.tokenizer, self.eval_rows, self.reward_funcs, self.reward_weights,
+                self.autocast)}
             shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
                      if k in metrics]
             bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
@@ -1607,16 +1592,35 @@ class GRPOTrainer(GRPOStep):
         return metrics
 
     def train(self) -> list[dict]:
-        """Train for max_steps; write metrics.jsonl, checkpoints and the final model. Returns this run's metrics.
-        Under torchrun, rank 0 alone writes files (each rank adds its own state to checkpoints)."""
+        """Train for max_steps, writing metrics.jsonl, checkpoints and the model (rank 0 alone); return the metrics."""
         from tqdm.auto import tqdm
-
         cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
-        self._prepare_output_dir()
+        old = [] if cfg.resume_from_checkpoint is not None else check_output_dir(cfg)  # again: runs since __init__
+        if main:  # a hard exit leaves half-written .tmp-* folders; a fresh run removes what an earlier one wrote here
+            if old and not cfg.overwrite_output_dir:
+                print(f"note: --output_dir {cfg.output_dir!r} holds a run that finished no step: starting over it",
+                      file=sys.stderr)
+            for path in old + [*out.glob(".tmp-*")]:
+                _remove(path)
+        self.dist.barrier()
+        if cfg.resume_from_checkpoint is not None and self.resumed_from is None:
+            self.load_checkpoint(cfg.resume_from_checkpoint)
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
-        previous, first = self._install_signal_handlers(), len(self.log_history)
+
+        def on_signal(signum, frame):
+            self.stop_requested += 1
+            if self.stop_requested > 1:
+                print("second signal: exiting now", file=sys.stderr)
+                os._exit(130)
+            print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
+
+        try:
+            previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
+            previous = {}
+        first = len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
             with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
@@ -1625,9 +1629,8 @@ class GRPOTrainer(GRPOStep):
 
                 def write(metrics: dict) -> None:
                     self.log_history.append(metrics)
-                    if main:
-                        log.write(json_line(metrics))  # one write per line: never torn by our own exit
-                        log.flush()
+                    if main:  # one write per line, flushed: never torn by our own exit
+                        print(json_line(metrics), end="", file=log, flush=True)
 
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
                     write(self.run_evaluation(bar))
@@ -1641,8 +1644,16 @@ class GRPOTrainer(GRPOStep):
                     if self.step % cfg.logging_steps == 0:
                         bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
                                         buffer=metrics["buffer_size"])
-                        if cfg.log_completions:
-                            self._log_completions(bar)
+                        if cfg.log_completions:  # every rank's latest batch, to completions.jsonl; a few printed
+                            rows = [{"step": self.step, **r}
+                                    for part in self.dist.gather(self.last_completions) for r in part]
+                            if main:
+                                with open(out / "completions.jsonl", "a") as f:
+                                    f.write("".join(json_line(r) for r in rows))
+                                for r in rows[:cfg.num_completions_to_print]:  # repr: one line, whatever the text
+                                    prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
+                                    bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage "
+                                              f"{r['advantage']:+.2f}  ...{prompt[-40:]!r} -> {r['completion'][:60]!r}")
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
                         write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
@@ -1669,56 +1680,12 @@ class GRPOTrainer(GRPOStep):
             print_outputs(out)
         return history
 
-    def _prepare_output_dir(self) -> None:
-        """Every start removes the half-written .tmp-* folders that a hard exit leaves; a resume then loads its
-        checkpoint, a fresh run removes what an earlier run wrote there (see check_output_dir)."""
-        resuming = self.cfg.resume_from_checkpoint is not None
-        old = [] if resuming else check_output_dir(self.cfg)  # again: another trainer may have run here since
-        if self.dist.main:
-            if old and not self.cfg.overwrite_output_dir:
-                print(f"note: --output_dir {self.cfg.output_dir!r} holds a run that finished no step: starting over it",
-                      file=sys.stderr)
-            for path in old + [*Path(self.cfg.output_dir).glob(".tmp-*")]:
-                _remove(path)
-        self.dist.barrier()
-        if resuming and self.resumed_from is None:
-            self.load_checkpoint(self.cfg.resume_from_checkpoint)
-
-    def _log_completions(self, bar) -> None:
-        """Append the latest generation batch (every rank's) to completions.jsonl; print a few under the bar."""
-        rows = [{"step": self.step, **r} for part in self.dist.gather(self.last_completions) for r in part]
-        if not self.dist.main:
-            return
-        with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
-            f.write("".join(json_line(r) for r in rows))
-        for r in rows[:self.cfg.num_completions_to_print]:
-            prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
-            bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
-                      f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")  # repr: one line, whatever the text
-
-    def _install_signal_handlers(self) -> dict:
-        def handler(signum, frame):
-            self.stop_requested += 1
-            if self.stop_requested > 1:
-                print("second signal: exiting now", file=sys.stderr)
-                os._exit(130)
-            print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
-
-        try:
-            return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
-            return {}
-
-    # --- checkpoints -----------------------------------------------------------------------------------------------
-
     def save_checkpoint(self) -> Path:
-        """Write output_dir/checkpoint-{step} atomically: trainer_state.pt holds what all ranks share (optimizer,
-        schedule, counters), rank-{r}.pt what is each rank's own (its replay buffer, RNG states, place in the data)."""
+        """Write output_dir/checkpoint-{step} atomically: trainer_state.pt what ranks share, rank-{r}.pt each's own."""
         final = Path(self.cfg.output_dir) / f"checkpoint-{self.step}"
         with atomic_path(final, owner=self.dist.main) as tmp:
             if self.dist.main:
-                tmp.mkdir(parents=True)
-                self.model.save_pretrained(tmp)
+                self.model.save_pretrained(tmp)  # makes the folder
                 self.tokenizer.save_pretrained(tmp)
                 torch.save({"step": self.step, "world_size": self.dist.world_size, "counters": self.counters,
                             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -1726,18 +1693,16 @@ class GRPOTrainer(GRPOStep):
                            tmp / "trainer_state.pt")
                 (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
-            buffer = {k: v for k, v in vars(self.buffer).items() if k != "generator"}
-            own = {"sample_uid": self.sample_uid, "fresh": self.fresh,
-                   "last_gen_metrics": self.last_gen_metrics, "prompt_sampler": vars(self.prompt_sampler),
-                   "buffer": buffer, "buffer_generator": self.buffer.generator.get_state(),
+            own = {"sample_uid": self.sample_uid, "fresh": self.fresh, "last_gen_metrics": self.last_gen_metrics,
+                   "prompt_sampler": vars(self.prompt_sampler), "buffer_generator": self.buffer.generator.get_state(),
+                   "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
                    "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
             torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
             self.dist.barrier()
-        if self.dist.main and self.cfg.save_total_limit is not None:
-            # keep this one and the newest save_total_limit - 1 before it (later ones are an earlier attempt's)
+        if self.dist.main and self.cfg.save_total_limit is not None:  # this one and the newest limit - 1 older stay
             older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
-            for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:
+            for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:  # (newer: an earlier attempt's)
                 shutil.rmtree(path)
         self.dist.barrier()
         return final
@@ -1745,10 +1710,8 @@ class GRPOTrainer(GRPOStep):
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl and completions.jsonl back to its step."""
         from safetensors.torch import load_file
-
         path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
-        # Read onto the CPU: a torch.Generator's state and SSR's priorities must stay there, and the optimizer's
-        # load_state_dict moves its state to its parameters' device.
+        # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
         if shared["world_size"] != self.dist.world_size or len(own["buffer"]["slots"]) != self.buffer.capacity:
@@ -1761,10 +1724,9 @@ class GRPOTrainer(GRPOStep):
         if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # a tied head is not saved twice
             raise ConfigError(f"{where} does not match --model {self.cfg.model!r}")
         self.model.tie_weights()
-        self.optimizer.load_state_dict(shared["optimizer"])
-        self.scheduler.load_state_dict(shared["scheduler"])
-        if self.ref_model is not None:  # beta > 0, in the checkpoint's run too (resume_config checked)
-            self.ref_model.load_state_dict(shared["ref_model"])
+        for name in ("optimizer", "scheduler", "ref_model"):  # a ref_model: beta > 0, in the checkpoint's run too
+            if getattr(self, name) is not None:
+                getattr(self, name).load_state_dict(shared[name])
         to_device = lambda s: None if s is None else {k: v.to(self.device) if torch.is_tensor(v) else v  # noqa: E731
                                                       for k, v in s.items()}
         vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
@@ -1772,17 +1734,15 @@ class GRPOTrainer(GRPOStep):
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step, self.counters, self.fresh = shared["step"], shared["counters"], [to_device(s) for s in own["fresh"]]
         self.sample_uid, self.last_gen_metrics = own["sample_uid"], own["last_gen_metrics"]
-        random.setstate(own["rng"]["python"])
-        np.random.set_state(own["rng"]["numpy"])
-        torch.set_rng_state(own["rng"]["torch"])
-        if own["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(own["rng"]["cuda"])
+        for name, set_state in (("python", random.setstate), ("numpy", np.random.set_state),
+                                ("torch", torch.set_rng_state), ("cuda", torch.cuda.set_rng_state_all)):
+            if own["rng"][name] is not None and (name != "cuda" or torch.cuda.is_available()):
+                set_state(own["rng"][name])
         out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:
             if saved != self.cfg.max_steps:
-                print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the linear "
-                      f"learning-rate schedule now reaches 0 at step {self.cfg.max_steps}, so steps after {self.step} "
-                      "differ from the original run's", file=sys.stderr)
+                print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the schedule now "
+                      f"ends there, so steps after {self.step} differ from the original run's", file=sys.stderr)
             for log in (out / "metrics.jsonl", out / "completions.jsonl"):  # no step lost or repeated
                 kept = [r for r in read_lines(log) if r.get("step", math.inf) <= self.step]
                 if log.is_file():
@@ -1797,21 +1757,6 @@ def effective_sample_size(buffer: ReplayBuffer) -> float:
     """1 / sum P(i)^2: how many samples the buffer's draw distribution is worth; its size when uniform."""
     weights = buffer._weights() if isinstance(buffer, SSRReplayBuffer) else torch.ones(len(buffer))
     return float(weights.sum() ** 2 / (weights ** 2).sum()) if weights.sum() > 0 else 0.0
-
-
-def held_out_rows(cfg: GRPOConfig, dataset, eval_dataset, main: bool = True) -> Optional[list[dict]]:
-    """The held-out prompts, or None (no evaluation): eval_dataset if passed, else --eval_dataset or --dataset's
-    held-out split, but not for a data set passed in from Python (it is not the one --dataset names)."""
-    if cfg.eval_steps == 0:
-        return None
-    if eval_dataset is not None:
-        return prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
-    rows = load_eval_prompts(cfg) if dataset is None or cfg.eval_dataset is not None else None
-    if rows is None and main:
-        source = "the data set passed in has" if dataset is not None else f"--dataset {cfg.dataset!r} has"
-        print(f"note: {source} no built-in held-out split and no eval_dataset was given: no evaluation",
-              file=sys.stderr)
-    return rows
 
 
 # --- The health report: what a run's metrics say went wrong, with the fix; silent when all is well --------------------
