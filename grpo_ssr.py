@@ -1897,8 +1897,7 @@ def mean_of(rows: list[dict], key: str) -> float:
 
 
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
-    """One line for each failure that a run's metrics show (training lines and held-out lines, as read_metrics gives
-    them), each with its fix; none when all is well. The thresholds are the constants above."""
+    """One line per failure the metrics (as read_metrics splits them) show, with its fix; none when all is well."""
     if not train:
         return []
     lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
@@ -1970,8 +1969,7 @@ def atomic_path(final: Path, owner: bool = True):
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+    path.unlink(missing_ok=True)
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -1991,23 +1989,15 @@ def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
     return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
 
 
-def plot_metrics(output_dir: Path) -> Optional[Path]:
-    """Draw output_dir/metrics.png (see `metrics_figure`); without matplotlib the plot is skipped."""
+def plot_metrics(output_dir: Path):
+    """Draw output_dir/metrics.png and return its figure: training reward, held-out evaluation, replay, the panels the
+    health report reads, clip_ratio and completion_length; each training metric raw (thin) under its trailing mean over
+    a twentieth of the run. Built without pyplot, whose state is left alone; without matplotlib, skipped."""
     try:
-        fig = metrics_figure(output_dir)
+        from matplotlib.figure import Figure
     except ImportError:
         print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
         return None
-    fig.savefig(path := Path(output_dir) / "metrics.png", dpi=100)
-    return path
-
-
-def metrics_figure(output_dir: Path):
-    """The figure of a run: training reward, held-out evaluation, replay, the panels the health report reads
-    (frac_reward_zero_std, frac_truncated, grad_norm), clip_ratio and completion_length; each training metric raw
-    (thin) under its trailing mean over a twentieth of the run. Built without pyplot: pyplot's state is left alone."""
-    from matplotlib.figure import Figure
-
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
     settings = Path(output_dir) / "grpo_config.json"
     cfg = json.loads(settings.read_text()) if settings.is_file() else {}
@@ -2030,21 +2020,20 @@ def metrics_figure(output_dir: Path):
         if len(keys) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-    ax = axes[0, 1]
     kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
-    for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):
-        ax.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
-    ax.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
+    for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):  # a point per evaluation
+        axes[0, 1].plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
+    axes[0, 1].set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
     if evals:
-        ax.legend(fontsize=8)
+        axes[0, 1].legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("step")
     buffer = cfg.get("replay_buffer_class", "?")
-    if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer":
-        buffer = f"{buffer} ({cfg.get('ssr_mode', 'fill')})"
-    fig.suptitle(f"model {cfg.get('model', '?')}   reward {cfg.get('reward_funcs', '?')}   buffer {buffer}",
+    ssr = f" ({cfg.get('ssr_mode', 'fill')})" if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer" else ""
+    fig.suptitle(f"model {cfg.get('model', '?')}   reward {cfg.get('reward_funcs', '?')}   buffer {buffer}{ssr}",
                  fontsize=11)
     fig.tight_layout()
+    fig.savefig(Path(output_dir) / "metrics.png", dpi=100)
     return fig
 
 
@@ -2055,8 +2044,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def save_model_files(model, tokenizer, out: Path) -> None:
-    """save_pretrained into `out` by way of a temporary folder, so that model_files.json lists exactly the files it
-    wrote: an overwrite removes those and nothing else."""
+    """save_pretrained into `out` via a folder of its own, to list in model_files.json what an overwrite removes."""
     tmp = out / ".tmp-model"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -2069,9 +2057,8 @@ def save_model_files(model, tokenizer, out: Path) -> None:
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run removes from --output_dir before it starts: what an earlier run there wrote, and nothing else.
-    Refused if that run finished a step (one that crashed before its first step does not lock its folder), unless
-    --overwrite_output_dir, and if it would remove the data set this run reads."""
+    """What a fresh run removes from --output_dir: what an earlier run wrote there. Refused if that run finished a step
+    (a crash before one locks nothing) unless --overwrite_output_dir, and if it would remove the --dataset."""
     out = Path(cfg.output_dir)
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
@@ -2112,9 +2099,8 @@ RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_ste
 
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
-    """The settings a resumed run trains with: its checkpoint's grpo_config.json, but for the options `given` (from
-    Python: those that differ from the defaults), of which only RESUME_MAY_CHANGE may differ from the checkpoint's.
-    It continues in the checkpoint's folder, or in one that holds no run. Resolving it again changes nothing."""
+    """A resumed run's settings: its checkpoint's, but for the options `given` (from Python: those not at their default)
+    of which only RESUME_MAY_CHANGE may differ; in its checkpoint's folder or one with no run. Idempotent."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
@@ -2161,11 +2147,6 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     fields = set(GRPOConfig.__dataclass_fields__)
     names = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}  # --max-steps: max_steps
     return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
-
-
-def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
-    """The config the command line means, resolved for a resume (see resume_config)."""
-    return resume_config(*parse_cli(argv))
 
 
 def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[str]] = None) -> list[dict]:
