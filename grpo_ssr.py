@@ -1919,15 +1919,13 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
             lines.append(f"the training reward did not move: {ends[0].mean():.3g} over the first quarter of the steps "
                          f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
                          f"another --learning_rate (this run: {cfg.learning_rate:g}).")
-    for key in ("eval_greedy_reward", "eval_reward"):
+    for kind, key in (("greedy", "eval_greedy_reward"), ("sampled", "eval_reward")):
         values = [r[key] for r in evals if key in r]
         if len(values) > 1 and max(values) - min(values) < 1e-9:
-            lines.append(f"the held-out {'greedy ' if 'greedy' in key else 'sampled '}reward was {values[0]:.3g} at "
-                         f"every evaluation (steps {evals[0]['step']} to {evals[-1]['step']}): the policy did not "
-                         "change what it answers.")
+            lines.append(f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps "
+                         f"{evals[0]['step']} to {evals[-1]['step']}): the policy did not change what it answers.")
     trained = [r for r in train if "grad_norm" in r and not r.get("skipped_empty")]
-    zeros = sum(r["grad_norm"] == 0 for r in trained)
-    if trained and zeros > ZERO_GRAD * len(trained):
+    if (zeros := sum(r["grad_norm"] == 0 for r in trained)) > ZERO_GRAD * len(trained):
         lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
                      "the weights (every trained advantage 0, or every ratio clipped).")
     if (stale := mean_of(train, "replay_abs_log_ratio")) > STALE:
@@ -1944,10 +1942,9 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """For an SSR run: what replay did, measured over its training lines."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
         return []
-    replayed, zero_adv, no_spread = (mean_of(rows, k) for k in ("replay_frac", "frac_zero_adv_trained",
-                                                                "frac_reward_zero_std"))
-    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {replayed:.1%} of trained samples replayed "
-            f"(replay_frac), {zero_adv:.1%} trained with advantage 0; {no_spread:.1%} of groups had no reward spread"]
+    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean_of(rows, 'replay_frac'):.1%} of trained "
+            f"samples replayed (replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
+            f"{mean_of(rows, 'frac_reward_zero_std'):.1%} of groups had no reward spread"]
 
 
 # --- The output folder: metrics, plots, the saved model; a run removes only what a run writes -------------------------
@@ -1956,7 +1953,6 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
 def atomic_path(final: Path, owner: bool = True):
     """A temporary path beside `final` to write a file or folder into, renamed to `final` when the block ends: no
     reader sees it half-written. Only the `owner` clears and renames it (other ranks write into a checkpoint's)."""
-    final = Path(final)
     tmp = final.with_name(f".tmp-{final.name}")
     if owner:
         _remove(tmp)
@@ -1990,9 +1986,8 @@ def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def plot_metrics(output_dir: Path):
-    """Draw output_dir/metrics.png and return its figure: training reward, held-out evaluation, replay, the panels the
-    health report reads, clip_ratio and completion_length; each training metric raw (thin) under its trailing mean over
-    a twentieth of the run. Built without pyplot, whose state is left alone; without matplotlib, skipped."""
+    """Draw output_dir/metrics.png (not with pyplot, whose state is left alone; without matplotlib, not at all) and
+    return its figure: each training metric raw (thin) under its trailing mean over a twentieth of the run."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -2084,7 +2079,6 @@ def json_line(row: dict) -> str:
 
 
 def print_outputs(out: Path) -> None:
-    """The end of a run: where its model, metrics and pictures are."""
     print(f"model and tokenizer: {out}/ (from_pretrained({str(out)!r}) loads them)")
     for name, what in (("metrics.jsonl", "metrics"), ("metrics.png", "picture"), ("completions.jsonl", "completions")):
         if (out / name).is_file():
