@@ -2143,12 +2143,23 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
 
 
-def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[str]] = None) -> list[dict]:
-    """--eval_only: score --model, and the trained model in --output_dir if there is one, on the same held-out prompts
-    with the same seed; print them side by side. Writes nothing. Returns one metrics dict per model."""
+def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
+    """Build the trainer (which resolves and checks the config before any work) and train; `cli_options`: the options a
+    command line wrote (see resume_config). --eval_only instead scores --model, and the trained model in --output_dir
+    if there is one, on the same held-out prompts with the same seed, side by side: one metrics dict per model."""
+    if not cfg.eval_only:
+        trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
+        c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
+        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
+        if trainer.dist.main:
+            print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
+                  f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
+                  f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
+                  f"{Path(c.output_dir) / 'grpo_config.json'}", flush=True)
+        return trainer.train()
     cfg = resume_config(cfg, cli_options)
     validate_config(cfg)
-    funcs, weights = resolve_rewards(cfg, reward_funcs)
+    funcs, weights = resolve_rewards(cfg, trainer_kwargs.get("reward_funcs"))
     if not (rows := load_eval_prompts(cfg)):
         raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
     device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg))
@@ -2168,22 +2179,6 @@ def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[
     for r in results:
         print(f"{r['model']:{width}}  " + "  ".join(f"{r[k]:16.3f}" for k in keys))
     return results
-
-
-def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
-    """Build the trainer (which resolves and checks the config before any work) and train; with --eval_only, only
-    evaluate. `cli_options`: the options a command line wrote (see resume_config)."""
-    if cfg.eval_only:
-        return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"), cli_options)
-    trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
-    c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
-    replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
-    if trainer.dist.main:
-        print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
-              f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; {c.max_steps} "
-              f"step(s) of {c.generation_batch_size} completions; every setting: "
-              f"{Path(c.output_dir) / 'grpo_config.json'}", flush=True)
-    return trainer.train()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
