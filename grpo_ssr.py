@@ -1891,15 +1891,12 @@ STALE = 1.0  # a replayed token's mean |log ratio| above which replays come from
 
 
 def mean_of(rows: list[dict], key: str) -> float:
-    """The mean of a metric over metrics lines, leaving out lines without a finite value (NaN: none at all)."""
     values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     return sum(values) / len(values) if values else math.nan
 
 
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """One line per failure the metrics (as read_metrics splits them) show, with its fix; none when all is well."""
-    if not train:
-        return []
     lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
     if (truncated := mean_of(late, "frac_truncated")) > TRUNCATED:
         lines.append(f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
@@ -1920,8 +1917,7 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
                          f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
                          f"another --learning_rate (this run: {cfg.learning_rate:g}).")
     for kind, key in (("greedy", "eval_greedy_reward"), ("sampled", "eval_reward")):
-        values = [r[key] for r in evals if key in r]
-        if len(values) > 1 and max(values) - min(values) < 1e-9:
+        if len(values := [r[key] for r in evals if key in r]) > 1 and max(values) - min(values) < 1e-9:
             lines.append(f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps "
                          f"{evals[0]['step']} to {evals[-1]['step']}): the policy did not change what it answers.")
     trained = [r for r in train if "grad_norm" in r and not r.get("skipped_empty")]
@@ -1933,13 +1929,12 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
                      f"clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age or --ssr_age_decay, or the "
                      "--learning_rate.")
     for key, why in (("nonfinite_steps", "a non-finite loss or gradient"), ("skipped_steps", "nothing to train on")):
-        if train[-1].get(key):
+        if train and train[-1].get(key):
             lines.append(f"{train[-1][key]} step(s) made no update: {why}.")
     return [f"health: {line}" for line in lines]
 
 
 def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
-    """For an SSR run: what replay did, measured over its training lines."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
         return []
     return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean_of(rows, 'replay_frac'):.1%} of trained "
@@ -1951,8 +1946,7 @@ def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
 
 @contextmanager
 def atomic_path(final: Path, owner: bool = True):
-    """A temporary path beside `final` to write a file or folder into, renamed to `final` when the block ends: no
-    reader sees it half-written. Only the `owner` clears and renames it (other ranks write into a checkpoint's)."""
+    """A path beside `final` to write into, renamed to `final` at the end; only the `owner` rank clears and renames."""
     tmp = final.with_name(f".tmp-{final.name}")
     if owner:
         _remove(tmp)
@@ -1969,33 +1963,29 @@ def _remove(path: Path) -> None:
 
 
 def read_lines(path: Path) -> list[dict]:
-    """The complete JSON lines of a file; a torn last line (a hard kill) ends it."""
     rows = []
     for line in Path(path).read_text().splitlines() if Path(path).is_file() else []:
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
+        except json.JSONDecodeError:  # a torn last line (a hard kill) ends the file
             break
     return rows
 
 
 def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines (those with `eval_reward`) of a metrics.jsonl, or of its rows."""
     rows = path if isinstance(path, list) else read_lines(path)
     return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
 
 
 def plot_metrics(output_dir: Path):
-    """Draw output_dir/metrics.png (not with pyplot, whose state is left alone; without matplotlib, not at all) and
-    return its figure: each training metric raw (thin) under its trailing mean over a twentieth of the run."""
+    """Draw output_dir/metrics.png and return its figure; not with pyplot, whose state is left alone."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
         return None
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
-    settings = Path(output_dir) / "grpo_config.json"
-    cfg = json.loads(settings.read_text()) if settings.is_file() else {}
+    cfg = json.loads((Path(output_dir) / "grpo_config.json").read_text())  # the run's settings, for the title
     steps, window = [r["step"] for r in train], max(1, len(train) // 20)
     fig = Figure(figsize=(14, 6.5))
     axes = fig.subplots(2, 4, sharex=True)
@@ -2023,17 +2013,15 @@ def plot_metrics(output_dir: Path):
         axes[0, 1].legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("step")
-    buffer = cfg.get("replay_buffer_class", "?")
-    ssr = f" ({cfg.get('ssr_mode', 'fill')})" if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer" else ""
-    fig.suptitle(f"model {cfg.get('model', '?')}   reward {cfg.get('reward_funcs', '?')}   buffer {buffer}{ssr}",
-                 fontsize=11)
+    buffer = cfg["replay_buffer_class"]
+    ssr = f" ({cfg['ssr_mode']})" if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer" else ""
+    fig.suptitle(f"model {cfg['model']}   reward {cfg['reward_funcs']}   buffer {buffer}{ssr}", fontsize=11)
     fig.tight_layout()
     fig.savefig(Path(output_dir) / "metrics.png", dpi=100)
     return fig
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
-    """The checkpoint-{step} folders in output_dir, oldest first."""
     found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
@@ -2044,16 +2032,14 @@ def save_model_files(model, tokenizer, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    names = sorted(p.name for p in tmp.iterdir())
-    for name in names:
+    for name in (names := sorted(p.name for p in tmp.iterdir())):
         (tmp / name).replace(out / name)
     tmp.rmdir()
     (out / "model_files.json").write_text(json.dumps(names) + "\n")
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run removes from --output_dir: what an earlier run wrote there. Refused if that run finished a step
-    (a crash before one locks nothing) unless --overwrite_output_dir, and if it would remove the --dataset."""
+    """What a fresh run removes from --output_dir: what a run wrote there (one that finished no step locks nothing)."""
     out = Path(cfg.output_dir)
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
@@ -2085,16 +2071,10 @@ def print_outputs(out: Path) -> None:
             print(f"{what}: {out / name}")
 
 
-# --- Resume: a checkpoint knows its run -------------------------------------------------------------------------------
-
-RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
-                     "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
-                     "device", "logits_chunk_size", "num_threads")
-
+# --- Resume (a checkpoint knows its run) and the CLI: parse, train (or only evaluate) ---------------------------------
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
-    """A resumed run's settings: its checkpoint's, but for the options `given` (from Python: those not at their default)
-    of which only RESUME_MAY_CHANGE may differ; in its checkpoint's folder or one with no run. Idempotent."""
+    """A resumed run's settings: its checkpoint's, but for the options `given` (from Python: those not at default)."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
@@ -2104,10 +2084,13 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
             f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
             "no such folder" if not path.is_dir() else "not a checkpoint folder (no trainer_state.pt)"))
     saved = json.loads((path / "grpo_config.json").read_text())
-    ours, defaults = dataclasses.asdict(cfg), dataclasses.asdict(GRPOConfig())
-    given = {k for k in ours if ours[k] != defaults[k]} if given is None else given
+    may_change = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
+                  "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "device",
+                  "logits_chunk_size", "num_threads")
+    ours = dataclasses.asdict(cfg)
+    given = {k for k, v in dataclasses.asdict(GRPOConfig()).items() if ours[k] != v} if given is None else given
     for k in ours:
-        if k in given and k not in RESUME_MAY_CHANGE and ours[k] != saved[k]:
+        if k in given and k not in may_change and ours[k] != saved[k]:
             raise ConfigError(f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} "
                               f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
                               "--logits_chunk_size and --num_threads may change")
@@ -2119,8 +2102,6 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     return GRPOConfig(**{**{k: ours[k] if k in given else saved[k] for k in ours},
                          "resume_from_checkpoint": str(path), "output_dir": out})
 
-
-# --- The CLI: parse, train (or only evaluate) -------------------------------------------------------------------------
 
 def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     """The config the command line writes, not yet resolved for a resume, and the fields it names."""
@@ -2144,9 +2125,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
 
 
 def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
-    """Build the trainer (which resolves and checks the config before any work) and train; `cli_options`: the options a
-    command line wrote (see resume_config). --eval_only instead scores --model, and the trained model in --output_dir
-    if there is one, on the same held-out prompts with the same seed, side by side: one metrics dict per model."""
+    """Build the trainer (it resolves and checks the config first) and train; --eval_only instead scores --model, and
+    the trained model in --output_dir if there is one, on the same held-out prompts and seed: one dict per model."""
     if not cfg.eval_only:
         trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
         c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
