@@ -1769,16 +1769,12 @@ STALE = 1.0  # a replayed token's mean |log ratio| above which replays come from
 
 
 def mean_of(rows: list[dict], key: str) -> float:
-    """The mean of a metric over metrics lines, leaving out lines without a finite value (NaN: none at all)."""
     values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     return sum(values) / len(values) if values else math.nan
 
 
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
-    """One line for each failure that a run's metrics show (training lines and held-out lines, as read_metrics gives
-    them), each with its fix; none when all is well. The thresholds are the constants above."""
-    if not train:
-        return []
+    """One line per failure the metrics (as read_metrics splits them) show, with its fix; none when all is well."""
     lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
     if (truncated := mean_of(late, "frac_truncated")) > TRUNCATED:
         lines.append(f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
@@ -1798,15 +1794,12 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
             lines.append(f"the training reward did not move: {ends[0].mean():.3g} over the first quarter of the steps "
                          f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
                          f"another --learning_rate (this run: {cfg.learning_rate:g}).")
-    for key in ("eval_greedy_reward", "eval_reward"):
-        values = [r[key] for r in evals if key in r]
-        if len(values) > 1 and max(values) - min(values) < 1e-9:
-            lines.append(f"the held-out {'greedy ' if 'greedy' in key else 'sampled '}reward was {values[0]:.3g} at "
-                         f"every evaluation (steps {evals[0]['step']} to {evals[-1]['step']}): the policy did not "
-                         "change what it answers.")
+    for kind, key in (("greedy", "eval_greedy_reward"), ("sampled", "eval_reward")):
+        if len(values := [r[key] for r in evals if key in r]) > 1 and max(values) - min(values) < 1e-9:
+            lines.append(f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps "
+                         f"{evals[0]['step']} to {evals[-1]['step']}): the policy did not change what it answers.")
     trained = [r for r in train if "grad_norm" in r and not r.get("skipped_empty")]
-    zeros = sum(r["grad_norm"] == 0 for r in trained)
-    if trained and zeros > ZERO_GRAD * len(trained):
+    if (zeros := sum(r["grad_norm"] == 0 for r in trained)) > ZERO_GRAD * len(trained):
         lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
                      "the weights (every trained advantage 0, or every ratio clipped).")
     if (stale := mean_of(train, "replay_abs_log_ratio")) > STALE:
@@ -1814,28 +1807,24 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
                      f"clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age or --ssr_age_decay, or the "
                      "--learning_rate.")
     for key, why in (("nonfinite_steps", "a non-finite loss or gradient"), ("skipped_steps", "nothing to train on")):
-        if train[-1].get(key):
+        if train and train[-1].get(key):
             lines.append(f"{train[-1][key]} step(s) made no update: {why}.")
     return [f"health: {line}" for line in lines]
 
 
 def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
-    """For an SSR run: what replay did, measured over its training lines."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
         return []
-    replayed, zero_adv, no_spread = (mean_of(rows, k) for k in ("replay_frac", "frac_zero_adv_trained",
-                                                                "frac_reward_zero_std"))
-    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {replayed:.1%} of trained samples replayed "
-            f"(replay_frac), {zero_adv:.1%} trained with advantage 0; {no_spread:.1%} of groups had no reward spread"]
+    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean_of(rows, 'replay_frac'):.1%} of trained "
+            f"samples replayed (replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
+            f"{mean_of(rows, 'frac_reward_zero_std'):.1%} of groups had no reward spread"]
 
 
 # --- The output folder: metrics, plots, the saved model; a run removes only what a run writes -------------------------
 
 @contextmanager
 def atomic_path(final: Path, owner: bool = True):
-    """A temporary path beside `final` to write a file or folder into, renamed to `final` when the block ends: no
-    reader sees it half-written. Only the `owner` clears and renames it (other ranks write into a checkpoint's)."""
-    final = Path(final)
+    """A path beside `final` to write into, renamed to `final` at the end; only the `owner` rank clears and renames."""
     tmp = final.with_name(f".tmp-{final.name}")
     if owner:
         _remove(tmp)
@@ -1848,47 +1837,33 @@ def atomic_path(final: Path, owner: bool = True):
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+    path.unlink(missing_ok=True)
 
 
 def read_lines(path: Path) -> list[dict]:
-    """The complete JSON lines of a file; a torn last line (a hard kill) ends it."""
     rows = []
     for line in Path(path).read_text().splitlines() if Path(path).is_file() else []:
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
+        except json.JSONDecodeError:  # a torn last line (a hard kill) ends the file
             break
     return rows
 
 
 def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
-    """The training lines and the evaluation lines (those with `eval_reward`) of a metrics.jsonl, or of its rows."""
     rows = path if isinstance(path, list) else read_lines(path)
     return [r for r in rows if "eval_reward" not in r], [r for r in rows if "eval_reward" in r]
 
 
-def plot_metrics(output_dir: Path) -> Optional[Path]:
-    """Draw output_dir/metrics.png (see `metrics_figure`); without matplotlib the plot is skipped."""
+def plot_metrics(output_dir: Path):
+    """Draw output_dir/metrics.png and return its figure; not with pyplot, whose state is left alone."""
     try:
-        fig = metrics_figure(output_dir)
+        from matplotlib.figure import Figure
     except ImportError:
         print("note: matplotlib is not installed, so metrics.png was not drawn", file=sys.stderr)
         return None
-    fig.savefig(path := Path(output_dir) / "metrics.png", dpi=100)
-    return path
-
-
-def metrics_figure(output_dir: Path):
-    """The figure of a run: training reward, held-out evaluation, replay, the panels the health report reads
-    (frac_reward_zero_std, frac_truncated, grad_norm), clip_ratio and completion_length; each training metric raw
-    (thin) under its trailing mean over a twentieth of the run. Built without pyplot: pyplot's state is left alone."""
-    from matplotlib.figure import Figure
-
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
-    settings = Path(output_dir) / "grpo_config.json"
-    cfg = json.loads(settings.read_text()) if settings.is_file() else {}
+    cfg = json.loads((Path(output_dir) / "grpo_config.json").read_text())  # the run's settings, for the title
     steps, window = [r["step"] for r in train], max(1, len(train) // 20)
     fig = Figure(figsize=(14, 6.5))
     axes = fig.subplots(2, 4, sharex=True)
@@ -1908,48 +1883,41 @@ def metrics_figure(output_dir: Path):
         if len(keys) > 1:
             ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-    ax = axes[0, 1]
     kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
-    for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):
-        ax.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
-    ax.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
+    for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):  # a point per evaluation
+        axes[0, 1].plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
+    axes[0, 1].set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
     if evals:
-        ax.legend(fontsize=8)
+        axes[0, 1].legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("step")
-    buffer = cfg.get("replay_buffer_class", "?")
-    if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer":
-        buffer = f"{buffer} ({cfg.get('ssr_mode', 'fill')})"
-    fig.suptitle(f"model {cfg.get('model', '?')}   reward {cfg.get('reward_funcs', '?')}   buffer {buffer}",
-                 fontsize=11)
+    buffer = cfg["replay_buffer_class"]
+    ssr = f" ({cfg['ssr_mode']})" if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer" else ""
+    fig.suptitle(f"model {cfg['model']}   reward {cfg['reward_funcs']}   buffer {buffer}{ssr}", fontsize=11)
     fig.tight_layout()
+    fig.savefig(Path(output_dir) / "metrics.png", dpi=100)
     return fig
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
-    """The checkpoint-{step} folders in output_dir, oldest first."""
     found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
 def save_model_files(model, tokenizer, out: Path) -> None:
-    """save_pretrained into `out` by way of a temporary folder, so that model_files.json lists exactly the files it
-    wrote: an overwrite removes those and nothing else."""
+    """save_pretrained into `out` via a folder of its own, to list in model_files.json what an overwrite removes."""
     tmp = out / ".tmp-model"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    names = sorted(p.name for p in tmp.iterdir())
-    for name in names:
+    for name in (names := sorted(p.name for p in tmp.iterdir())):
         (tmp / name).replace(out / name)
     tmp.rmdir()
     (out / "model_files.json").write_text(json.dumps(names) + "\n")
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run removes from --output_dir before it starts: what an earlier run there wrote, and nothing else.
-    Refused if that run finished a step (one that crashed before its first step does not lock its folder), unless
-    --overwrite_output_dir, and if it would remove the data set this run reads."""
+    """What a fresh run removes from --output_dir: what a run wrote there (one that finished no step locks nothing)."""
     out = Path(cfg.output_dir)
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
@@ -1975,24 +1943,16 @@ def json_line(row: dict) -> str:
 
 
 def print_outputs(out: Path) -> None:
-    """The end of a run: where its model, metrics and pictures are."""
     print(f"model and tokenizer: {out}/ (from_pretrained({str(out)!r}) loads them)")
     for name, what in (("metrics.jsonl", "metrics"), ("metrics.png", "picture"), ("completions.jsonl", "completions")):
         if (out / name).is_file():
             print(f"{what}: {out / name}")
 
 
-# --- Resume: a checkpoint knows its run -------------------------------------------------------------------------------
-
-RESUME_MAY_CHANGE = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
-                     "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
-                     "device", "logits_chunk_size", "num_threads")
-
+# --- Resume (a checkpoint knows its run) and the CLI: parse, train (or only evaluate) ---------------------------------
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
-    """The settings a resumed run trains with: its checkpoint's grpo_config.json, but for the options `given` (from
-    Python: those that differ from the defaults), of which only RESUME_MAY_CHANGE may differ from the checkpoint's.
-    It continues in the checkpoint's folder, or in one that holds no run. Resolving it again changes nothing."""
+    """A resumed run's settings: its checkpoint's, but for the options `given` (from Python: those not at default)."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
@@ -2002,10 +1962,13 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
             f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
             "no such folder" if not path.is_dir() else "not a checkpoint folder (no trainer_state.pt)"))
     saved = json.loads((path / "grpo_config.json").read_text())
-    ours, defaults = dataclasses.asdict(cfg), dataclasses.asdict(GRPOConfig())
-    given = {k for k in ours if ours[k] != defaults[k]} if given is None else given
+    may_change = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
+                  "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "device",
+                  "logits_chunk_size", "num_threads")
+    ours = dataclasses.asdict(cfg)
+    given = {k for k, v in dataclasses.asdict(GRPOConfig()).items() if ours[k] != v} if given is None else given
     for k in ours:
-        if k in given and k not in RESUME_MAY_CHANGE and ours[k] != saved[k]:
+        if k in given and k not in may_change and ours[k] != saved[k]:
             raise ConfigError(f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} "
                               f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
                               "--logits_chunk_size and --num_threads may change")
@@ -2017,8 +1980,6 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     return GRPOConfig(**{**{k: ours[k] if k in given else saved[k] for k in ours},
                          "resume_from_checkpoint": str(path), "output_dir": out})
 
-
-# --- The CLI: parse, train (or only evaluate) -------------------------------------------------------------------------
 
 def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     """The config the command line writes, not yet resolved for a resume, and the fields it names."""
@@ -2041,17 +2002,22 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
 
 
-def parse_args(argv: Optional[list[str]] = None) -> GRPOConfig:
-    """The config the command line means, resolved for a resume (see resume_config)."""
-    return resume_config(*parse_cli(argv))
-
-
-def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[str]] = None) -> list[dict]:
-    """--eval_only: score --model, and the trained model in --output_dir if there is one, on the same held-out prompts
-    with the same seed; print them side by side. Writes nothing. Returns one metrics dict per model."""
+def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
+    """Build the trainer (it resolves and checks the config first) and train; --eval_only instead scores --model, and
+    the trained model in --output_dir if there is one, on the same held-out prompts and seed: one dict per model."""
+    if not cfg.eval_only:
+        trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
+        c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
+        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
+        if trainer.dist.main:
+            print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
+                  f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
+                  f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
+                  f"{Path(c.output_dir) / 'grpo_config.json'}", flush=True)
+        return trainer.train()
     cfg = resume_config(cfg, cli_options)
     validate_config(cfg)
-    funcs, weights = resolve_rewards(cfg, reward_funcs)
+    funcs, weights = resolve_rewards(cfg, trainer_kwargs.get("reward_funcs"))
     if not (rows := load_eval_prompts(cfg)):
         raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
     device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg))
@@ -2071,22 +2037,6 @@ def evaluate_only(cfg: GRPOConfig, reward_funcs=None, cli_options: Optional[set[
     for r in results:
         print(f"{r['model']:{width}}  " + "  ".join(f"{r[k]:16.3f}" for k in keys))
     return results
-
-
-def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
-    """Build the trainer (which resolves and checks the config before any work) and train; with --eval_only, only
-    evaluate. `cli_options`: the options a command line wrote (see resume_config)."""
-    if cfg.eval_only:
-        return evaluate_only(cfg, trainer_kwargs.get("reward_funcs"), cli_options)
-    trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
-    c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
-    replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
-    if trainer.dist.main:
-        print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
-              f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; {c.max_steps} "
-              f"step(s) of {c.generation_batch_size} completions; every setting: "
-              f"{Path(c.output_dir) / 'grpo_config.json'}", flush=True)
-    return trainer.train()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

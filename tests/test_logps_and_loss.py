@@ -219,7 +219,7 @@ def test_bias_correction_is_a_config_field_passed_to_the_loss(cfg_factory, monke
     assert names[names.index("beta") + 1] == "use_bias_correction_kl"  # beside beta, among the algorithm's settings
     assert "use_bias_correction_kl" in {f.name for f in g.dataclasses.fields(g.AlgorithmConfig)}
     assert g.GRPOConfig().use_bias_correction_kl is True
-    assert g.parse_args(["--use_bias_correction_kl", "false"]).use_bias_correction_kl is False
+    assert g.parse_cli(["--use_bias_correction_kl", "false"])[0].use_bias_correction_kl is False
     seen = []
     real = g.grpo_loss
     monkeypatch.setattr(g, "grpo_loss", lambda *a, **kw: seen.append(kw) or real(*a, **kw))

@@ -103,7 +103,7 @@ def test_scale_rewards_batch_by_hand_and_trls_words():
 def test_scale_rewards_from_the_cli_and_through_a_step(cfg_factory, capsys, keep_threads):
     words = {"none": "none", "group": "group", "batch": "batch", "true": "group", "false": "none"}
     for word, meant in words.items():
-        assert g.parse_args(["--scale_rewards", word]).scale_rewards == meant
+        assert g.parse_cli(["--scale_rewards", word])[0].scale_rewards == meant
     assert g.main(["--no_scale_rewards", *SMALL]) == 2  # TRL's bool flag is gone: --scale_rewards none
     assert error_line(capsys) == ("error: --no_scale_rewards is not a field of GRPOConfig (python grpo_ssr.py --help "
                                   "lists them); did you mean --scale_rewards?")

@@ -322,10 +322,12 @@ def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
     rows.insert(0, {"step": 0, "eval_reward": -30.0, "eval_greedy_reward": -31.0})
     (out / "metrics.jsonl").write_text("".join(g.json_line(r) for r in rows))
     (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny"}))
-    assert g.metrics_figure(out).get_suptitle() == "model tiny   reward reward_len   buffer ReplayBuffer"
+    assert g.plot_metrics(out).get_suptitle() == "model tiny   reward reward_len   buffer ReplayBuffer"
     (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny",
                                                       "replay_buffer_class": "SSRReplayBuffer"}))
-    fig = g.metrics_figure(out)
+    (out / "metrics.png").unlink()
+    fig = g.plot_metrics(out)
+    assert (out / "metrics.png").stat().st_size > 0
     assert fig.get_suptitle() == "model tiny   reward reward_len   buffer SSRReplayBuffer (fill)"
     assert len(fig.axes) == 8  # 2 x 4 panels
     by_title = {ax.get_title(): ax for ax in fig.axes}
@@ -336,7 +338,6 @@ def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
     raw, smoothed = [line.get_ydata() for line in by_title["training reward (generation batch)"].get_lines()]
     assert len(raw) == len(smoothed) == 40 and max(abs(a - b) for a, b in zip(raw, smoothed)) > 1
     assert max(smoothed[2:]) - min(smoothed[2:]) < max(raw) - min(raw)  # the zig-zag is averaged out
-    assert g.plot_metrics(out) == out / "metrics.png" and (out / "metrics.png").stat().st_size > 0
 
 
 # --- SIGTERM: the step finishes, a checkpoint is saved, the run resumes -----------------------------------------------
@@ -634,8 +635,8 @@ def test_resume_refuses_a_conflicting_flag(finished_run, capsys, flag, value, th
 
 
 def test_resume_accepts_a_flag_equal_to_the_checkpoints(finished_run):
-    cfg = g.parse_args(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"), "--learning_rate", "0.002",
-                        "--save_steps", "5"])
+    cfg = g.resume_config(*g.parse_cli(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"),
+                                        "--learning_rate", "0.002", "--save_steps", "5"]))
     assert cfg.learning_rate == 0.002 and cfg.save_steps == 5 and cfg.max_steps == 2
     # what counts as given: every spelling of a field's flag
     given = g.parse_cli(["--max-steps", "5", "--no_disable_dropout", "--beta=0.1"])[1]
