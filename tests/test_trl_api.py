@@ -102,7 +102,7 @@ def test_reward_funcs_as_one_function_a_name_or_a_list_of_both(cfg_factory, tmp_
     named = g.GRPOTrainer(args=cfg_factory(), reward_funcs="reward_len_binary")
     assert originals(named) == [g.reward_len_binary] and named.cfg.reward_funcs == "reward_len_binary"
     both = g.GRPOTrainer(args=cfg_factory(), reward_funcs=["my_rewards.shortest", reward_len])
-    assert [g.func_name(f) for f in both.reward_funcs] == ["shortest", "reward_len"]
+    assert [f.__name__ for f in both.reward_funcs] == ["shortest", "reward_len"]
     assert both.record_of_run["reward_funcs"] == "passed from Python: shortest,reward_len"
     positional = g.GRPOTrainer("tiny", reward_len, args=cfg_factory())  # TRL's order: model, reward_funcs
     assert positional.cfg.model == "tiny" and originals(positional) == [reward_len]
