@@ -701,18 +701,22 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
 import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
 import difflib  # noqa: E402
 import functools  # noqa: E402
-import importlib  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
 import typing  # noqa: E402
 import weakref  # noqa: E402
+import zipfile  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
+
 
 # --- The rest of the configuration, and validation --------------------------------------------------------------------
 
@@ -1424,7 +1428,7 @@ class GRPOTrainer(GRPOStep):
             **dataclasses.asdict(cfg),
             **({"model": f"{FROM_PYTHON}: {type(model).__name__}"} if model is not None else {}),
             **({"dataset": f"{FROM_PYTHON}: {len(rows)} rows"} if dataset is not None else {}),
-            **({"reward_funcs": f"{FROM_PYTHON}: {','.join(map(func_name, funcs))}"} if reward_funcs else {}),
+            **({"reward_funcs": f"{FROM_PYTHON}: {','.join(f.__name__ for f in funcs)}"} if reward_funcs else {}),
             **({"reward_weights": weights} if reward_weights is not None else {}),
             "bf16": cfg.bf16 and ran_bf16, "num_threads": torch.get_num_threads(),
             "precision": "bf16 autocast" if ran_bf16 else "float32"}
@@ -1444,7 +1448,11 @@ class GRPOTrainer(GRPOStep):
             tokenizer.pad_token = tokenizer.eos_token
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
-            disable_dropout(model)
+            for module in model.modules():  # p = 0 in every dropout layer, as TRL's disable_dropout
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.0
+                if isinstance(getattr(module, "attention_dropout", None), float):  # attention applying it as a float
+                    module.attention_dropout = 0.0
         super().__init__(model.to(device), tokenizer, funcs, cfg, rows, reward_weights=weights, seed=cfg.seed,
                          autocast=autocast, dist=dist,
                          logprobs_class=functools.partial(LeanLogProbs, chunk_size=cfg.logits_chunk_size))
@@ -1474,12 +1482,12 @@ class GRPOTrainer(GRPOStep):
 
     def record_generation(self, batch, rows, rewards, per_func, completions, advantages) -> None:
         super().record_generation(batch, rows, rewards, per_func, completions, advantages)
-        self.last_gen_metrics.update({f"rewards/{func_name(f)}": per_func[:, j].nanmean().item()
+        self.last_gen_metrics.update({f"rewards/{f.__name__}": per_func[:, j].nanmean().item()
                                       for j, f in enumerate(self.reward_funcs)})
         if self.cfg.log_completions:
             self.last_completions = [
                 {"prompt": r["prompt"], "completion": _text(c), "reward": float(rw), "advantage": float(a),
-                 **{f"rewards/{func_name(f)}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
+                 **{f"rewards/{f.__name__}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
                 for i, (r, c, rw, a) in enumerate(zip([r for r in rows for _ in range(self.cfg.num_generations)],
                                                       completions, rewards, advantages))]
 
