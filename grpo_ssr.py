@@ -241,8 +241,7 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     temperature: float = 1.0) -> torch.Tensor:
-    """Log-probability of each of the last `logits_to_keep` tokens given what precedes it. (B, T) -> (B, C). It holds
-    all their logits at once, (B, C, V); Part II's `lean_logps` takes a chunk at a time."""
+    """Log-probs of the last `logits_to_keep` tokens, all logits at once (lean_logps chunks them). (B, T) -> (B, C)"""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
                    logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
     return selective_log_softmax(logits[:, :-1].float() / temperature, input_ids[:, -logits_to_keep:])
@@ -255,14 +254,15 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
 
 
 class LogProbs(torch.nn.Module):
-    """per_token_logps as a module, so that DDP can wrap it: DDP syncs the gradients of what runs through forward."""
+    """per_token_logps (or another `logps` of its signature) as a module, so that DDP can wrap it: DDP syncs the
+    gradients of what runs through forward."""
 
-    def __init__(self, model, temperature: float = 1.0):
+    def __init__(self, model, temperature: float = 1.0, logps: Callable = per_token_logps):
         super().__init__()
-        self.model, self.temperature = model, temperature
+        self.model, self.temperature, self.logps = model, temperature, logps
 
     def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        return per_token_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature)
+        return self.logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature)
 
 
 # 5. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
@@ -498,15 +498,15 @@ class GRPOStep:
     def __init__(self, model, tokenizer, reward_funcs: list[Callable], cfg: AlgorithmConfig, dataset: list[dict], *,
                  reward_weights: Optional[list[float]] = None, buffer: Optional[ReplayBuffer] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, ref_model=None, seed: int = 0,
-                 autocast: Callable = nullcontext, dist: Optional[Dist] = None, logprobs_class=LogProbs):
+                 autocast: Callable = nullcontext, dist: Optional[Dist] = None, logps: Callable = per_token_logps):
         self.model, self.tokenizer, self.cfg, self.dataset, self.autocast = model, tokenizer, cfg, dataset, autocast
         self.reward_funcs, self.reward_weights = list(reward_funcs), list(reward_weights or [1.0] * len(reward_funcs))
         self.dist, self.device = Dist() if dist is None else dist, next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.ref_model = None if cfg.beta == 0 else ref_model if ref_model is not None else \
             copy.deepcopy(model).eval().requires_grad_(False)  # the KL's anchor: the initial model, frozen
-        self.logprobs = self.policy = logprobs_class(model, cfg.temperature)  # Part II wraps `policy` in DDP
-        self.ref_logprobs = None if self.ref_model is None else logprobs_class(self.ref_model, cfg.temperature)
+        self.logprobs = self.policy = LogProbs(model, cfg.temperature, logps)  # Part II wraps `policy` in DDP
+        self.ref_logprobs = None if self.ref_model is None else LogProbs(self.ref_model, cfg.temperature, logps)
         self.prompt_sampler = PromptSampler(len(dataset), seed)
         self.buffer = make_buffer(cfg, seed + self.dist.rank) if buffer is None else buffer  # one for each process
         self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(
@@ -700,7 +700,6 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
 
 import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
 import difflib  # noqa: E402
-import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -712,7 +711,6 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
 import typing  # noqa: E402
-import weakref  # noqa: E402
 import zipfile  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -728,7 +726,6 @@ class ConfigError(ValueError):
 class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
     dynamic_sampling: bool = _opt(False, "DAPO's baseline: train only groups with reward spread, generating more.")
-    # --- model and data
     model: str = _opt("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
     dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), arithmetic or arithmetic:1,2,3 (sums), a Hub id, "
                                    "or a local .json/.jsonl/.csv/.parquet file.")
@@ -740,17 +737,14 @@ class GRPOConfig(AlgorithmConfig):
     seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
     device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
     disable_dropout: bool = _opt(True, "Dropout off (TRL's default): sampling and training then see one policy.")
-    # --- evaluation
     eval_steps: int = _opt(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
     eval_dataset: Optional[str] = _opt(None, "Held-out split of --dataset, or a local file; default: the task's own.")
     eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
     eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt, beside the greedy one.")
     eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
-    # --- efficiency
     bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it stays float32).")
     num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
-    # --- output and checkpoints
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one.")
     logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
@@ -764,9 +758,8 @@ class GRPOConfig(AlgorithmConfig):
     def __new__(cls, *args, **kwargs):  # before __init__, which answers an option it lacks with a bare TypeError
         if args:
             raise ConfigError("GRPOConfig takes keyword arguments only, e.g. GRPOConfig(output_dir='runs/mine')")
-        for name in kwargs:
-            if name not in cls.__dataclass_fields__:
-                raise ConfigError(not_a_field(name))
+        if unknown := [name for name in kwargs if name not in cls.__dataclass_fields__]:
+            raise ConfigError(not_a_field(unknown[0]))
         return super().__new__(cls)
 
     def __post_init__(self):
@@ -969,15 +962,12 @@ def chunked_head_logps(hidden, head: torch.nn.Linear, targets, temperature: floa
     return torch.cat(pieces).view_as(targets)
 
 
-_LEAN_DECISIONS = weakref.WeakKeyDictionary()  # model -> whether its head passed the probe: measured once per model
-
-
 def lean_head(model) -> Optional[torch.nn.Linear]:
     """The output head if the logits are exactly `head(last hidden state)` (probed: some scale them), else None."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or model.base_model is model:  # no separate body to run without the head
         return None
-    if model not in _LEAN_DECISIONS:
+    if not hasattr(model, "lean_head_ok"):  # probed once per model, and the answer kept on it
         ids = (torch.arange(1, 9, device=head.weight.device) * 7919 % head.out_features)[None]  # (1, 8): spread out
         inputs, training = dict(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False), model.training
         model.eval()
@@ -986,9 +976,9 @@ def lean_head(model) -> Optional[torch.nn.Linear]:
                 full, lean = model(**inputs).logits, head(model.base_model(**inputs).last_hidden_state)  # (1, 8, V)
         finally:
             model.train(training)
-        _LEAN_DECISIONS[model] = full.shape == lean.shape and torch.allclose(
+        model.lean_head_ok = full.shape == lean.shape and torch.allclose(
             full.float().log_softmax(-1), lean.float().log_softmax(-1), rtol=1e-3, atol=1e-3)
-    return head if _LEAN_DECISIONS[model] else None
+    return head if model.lean_head_ok else None
 
 
 def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -1002,20 +992,7 @@ def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, log
     return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
 
 
-class LeanLogProbs(LogProbs):
-    def __init__(self, model, temperature: float = 1.0, chunk_size: int = 512):
-        super().__init__(model, temperature)
-        self.chunk_size = chunk_size
-
-    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        return lean_logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature, self.chunk_size)
-
-
 # --- Models: the tiny one built in code, a GGUF preset, or from_pretrained --------------------------------------------
-
-TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                      "{% if add_generation_prompt %}assistant:{% endif %}")
-
 
 def build_tiny_tokenizer(extra_tokens: int = 0):
     """A byte-level BPE with no merges: ids 0-255 are the bytes, then EOS, pad and `extra_tokens` dummy tokens."""
@@ -1029,7 +1006,8 @@ def build_tiny_tokenizer(extra_tokens: int = 0):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
     return tokenizer
 
 
@@ -1104,16 +1082,16 @@ def load_model(name: str):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except Exception as e:  # transformers raises OSError, ValueError, ... with long messages
             raise ConfigError(f"--model {name!r} could not be loaded: {one_line(e)}") from None
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     reset_generation_config(model, tokenizer)
     return model, tokenizer
 
 
 def reset_generation_config(model, tokenizer) -> None:
-    """Keep only the special tokens (Qwen2-Instruct ships top_k=20, ...): `generate` then samples as the policy did."""
+    """Only the special tokens (Qwen2-Instruct ships top_k=20, ...): `generate` samples as the policy did."""
     from transformers import GenerationConfig
 
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     eos = eos_token_ids(model, tokenizer)
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
                                                eos_token_id=eos if len(eos) > 1 else eos[0])
@@ -1341,9 +1319,8 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
     """Mean weighted reward, completion length and (for 0/1 rewards) accuracy of one greedy and `num_generations`
     sampled completions a prompt. It samples from its own stream seeded with `seed`: training's draws are untouched."""
     weights = reward_weights or [1.0] * len(reward_funcs)
-    device, was_training = next(model.parameters()).device, model.training
+    device, was_training, start = next(model.parameters()).device, model.training, time.perf_counter()
     model.eval()
-    start = time.perf_counter()
     scores, lengths = {"greedy": [], "sampled": []}, {"greedy": [], "sampled": []}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
@@ -1378,7 +1355,6 @@ def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs
                     max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)
 
 
-# what `trainer.state` gives: TRL's names, without "epoch" (grpo_ssr counts steps)
 TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_steps", int), ("log_history", list)])
 
 
@@ -1387,21 +1363,16 @@ class TrainingStopped(KeyboardInterrupt):
 
 
 class GRPOTrainer(GRPOStep):
-    """Part I's step, run by `train()`; called as TRL's (our `cfg`, `dataset`, `tokenizer` are its `args`,
-    `train_dataset`, `processing_class`); `model` and `reward_funcs` are names or objects."""
+    """Part I's step, run by `train()`; called as TRL's GRPOTrainer, with the config first or as `args`."""
 
     def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
-                 train_dataset=None, eval_dataset=None, processing_class=None, *, model=None, tokenizer=None,
-                 dataset=None, reward_weights: Optional[list[float]] = None, cli_options: Optional[set[str]] = None):
+                 train_dataset=None, eval_dataset=None, processing_class=None, *, model=None,
+                 reward_weights: Optional[list[float]] = None, cli_options: Optional[set[str]] = None):
         if not isinstance(cfg, (GRPOConfig, type(None))):  # TRL's first positional argument is the model
             cfg, model = None, cfg
-        for ours, trls, a, b in (("cfg", "args", cfg, args), ("dataset", "train_dataset", dataset, train_dataset),
-                                 ("tokenizer", "processing_class", tokenizer, processing_class)):
-            if a is not None and b is not None:
-                raise ConfigError(f"GRPOTrainer: pass {ours}= or {trls}= (TRL's name), not both")
-        cfg = cfg or args or GRPOConfig()
-        dataset = dataset if dataset is not None else train_dataset
-        tokenizer = tokenizer if tokenizer is not None else processing_class
+        if cfg is not None and args is not None:
+            raise ConfigError("GRPOTrainer: pass the config once, as the first argument or as args=")
+        cfg, dataset, tokenizer = cfg or args or GRPOConfig(), train_dataset, processing_class
         if isinstance(model, (str, os.PathLike)):  # a name is a setting: grpo_config.json records it for a resume
             cfg, model = dataclasses.replace(cfg, model=str(model)), None
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
@@ -1413,7 +1384,7 @@ class GRPOTrainer(GRPOStep):
             if obj is None and str(getattr(cfg, name)).startswith(FROM_PYTHON):  # resumed: pass them again
                 raise ConfigError(f"--{name}: was {getattr(cfg, name)} in this run; pass {name}= again to resume it")
         if model is not None and tokenizer is None:
-            raise ConfigError("GRPOTrainer: pass tokenizer= (processing_class= in TRL's words) with this model object")
+            raise ConfigError("GRPOTrainer: pass processing_class= (its tokenizer) with this model object")
         funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)
@@ -1444,8 +1415,6 @@ class GRPOTrainer(GRPOStep):
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
         check_positions(cfg, model)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
             for module in model.modules():  # p = 0 in every dropout layer, as TRL's disable_dropout
@@ -1455,24 +1424,22 @@ class GRPOTrainer(GRPOStep):
                     module.attention_dropout = 0.0
         super().__init__(model.to(device), tokenizer, funcs, cfg, rows, reward_weights=weights, seed=cfg.seed,
                          autocast=autocast, dist=dist,
-                         logprobs_class=functools.partial(LeanLogProbs, chunk_size=cfg.logits_chunk_size))
+                         logps=lambda *a: lean_logps(*a, chunk_size=cfg.logits_chunk_size))
         if dist.world_size > 1:
             self.policy = torch.nn.parallel.DistributedDataParallel(
                 self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
-        self.last_completions: list[dict] = []  # the latest generation batch, for --log_completions
-        self.log_history: list[dict] = []  # every line written to metrics.jsonl (on resume, the run's earlier too)
+        self.last_completions, self.log_history = [], []  # --log_completions' batch; metrics.jsonl's lines, all of them
 
     args = property(lambda self: self.cfg)
     processing_class = property(lambda self: self.tokenizer)
-    state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))
+    state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))  # TRL's, no epochs
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
         """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
         out = Path(output_dir or self.cfg.output_dir)
         if self.dist.main:
-            out.mkdir(parents=True, exist_ok=True)
             save_model_files(self.model, self.tokenizer, out)
         self.dist.barrier()
 
@@ -1606,16 +1573,8 @@ class GRPOTrainer(GRPOStep):
                     if self.step % cfg.logging_steps == 0:
                         bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
                                         buffer=metrics["buffer_size"])
-                        if cfg.log_completions:  # every rank's latest batch, to completions.jsonl; a few printed
-                            rows = [{"step": self.step, **r}
-                                    for part in self.dist.gather(self.last_completions) for r in part]
-                            if main:
-                                with open(out / "completions.jsonl", "a") as f:
-                                    f.write("".join(json_line(r) for r in rows))
-                                for r in rows[:cfg.num_completions_to_print]:  # repr: one line, whatever the text
-                                    prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
-                                    bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage "
-                                              f"{r['advantage']:+.2f}  ...{prompt[-40:]!r} -> {r['completion'][:60]!r}")
+                        if cfg.log_completions:
+                            self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
                         write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
@@ -1641,6 +1600,17 @@ class GRPOTrainer(GRPOStep):
                 print(line)
             print_outputs(out)
         return history
+
+    def _log_completions(self, bar) -> None:
+        """Append every rank's latest generation batch to completions.jsonl, and print a few under the bar."""
+        rows = [{"step": self.step, **r} for part in self.dist.gather(self.last_completions) for r in part]
+        if self.dist.main:
+            with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
+                f.write("".join(json_line(r) for r in rows))
+            for r in rows[:self.cfg.num_completions_to_print]:  # repr: one line, whatever the text
+                prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
+                bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
+                          f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")
 
     def save_checkpoint(self) -> Path:
         """Write output_dir/checkpoint-{step} atomically: trainer_state.pt what ranks share, rank-{r}.pt each's own."""
@@ -1868,6 +1838,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 def save_model_files(model, tokenizer, out: Path) -> None:
     """save_pretrained into `out` via a folder of its own, to list in model_files.json what an overwrite removes."""
+    out.mkdir(parents=True, exist_ok=True)
     tmp = out / ".tmp-model"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

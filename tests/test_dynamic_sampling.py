@@ -22,7 +22,7 @@ def spread_for(*kept):
 def dapo_trainer(cfg_factory, reward, **overrides):
     cfg = cfg_factory(replay_buffer_class="ReplayBuffer", dynamic_sampling=True, per_device_train_batch_size=8,
                       gradient_accumulation_steps=2, num_generations=4, eval_steps=0, **overrides)
-    return g.GRPOTrainer(cfg, reward_funcs=reward, dataset=PROMPTS)
+    return g.GRPOTrainer(cfg, reward_funcs=reward, train_dataset=PROMPTS)
 
 
 @pytest.mark.slow

@@ -80,15 +80,15 @@ def test_a_data_set_passed_in_is_not_evaluated_on_the_builtin_split(cfg_factory,
         return label
 
     cfg = cfg_factory(max_steps=1, eval_steps=1)
-    g.GRPOTrainer(cfg, reward_funcs=[by_label], dataset=rows).train()
+    g.GRPOTrainer(cfg, reward_funcs=[by_label], train_dataset=rows).train()
     assert "no evaluation" in capsys.readouterr().err
     assert g.read_metrics(g.Path(cfg.output_dir) / "metrics.jsonl")[1] == []
     cfg = cfg_factory(max_steps=1, eval_steps=1, output_dir=cfg.output_dir + "-2")
-    g.GRPOTrainer(cfg, reward_funcs=[by_label], dataset=rows, eval_dataset=rows[:2]).train()
+    g.GRPOTrainer(cfg, reward_funcs=[by_label], train_dataset=rows, eval_dataset=rows[:2]).train()
     evals = g.read_metrics(g.Path(cfg.output_dir) / "metrics.jsonl")[1]
     assert [e["step"] for e in evals] == [0, 1] and all(e["eval_prompts"] == 2 for e in evals)
     cfg = cfg_factory(max_steps=2, eval_steps=0, output_dir=cfg.output_dir + "-3")  # 0: never, an eval_dataset too
-    assert g.GRPOTrainer(cfg, reward_funcs=[by_label], dataset=rows, eval_dataset=rows[:2]).eval_rows is None
+    assert g.GRPOTrainer(cfg, reward_funcs=[by_label], train_dataset=rows, eval_dataset=rows[:2]).eval_rows is None
 
 
 def test_eval_steps_writes_eval_lines_without_changing_training(cfg_factory, tmp_path):

@@ -60,7 +60,7 @@ def _tiny_gpt2():
 def test_dropout_is_disabled_in_the_policy(cfg_factory, disable):
     tok = g.build_tiny_tokenizer()
     trainer = g.GRPOTrainer(cfg_factory(disable_dropout=disable, max_prompt_length=64), model=_tiny_gpt2(),
-                            tokenizer=tok)  # 64 + 16 tokens fit its 128 positions
+                            processing_class=tok)  # 64 + 16 tokens fit its 128 positions
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     trainer.model.train()
     with torch.no_grad():

@@ -183,9 +183,9 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     cfg = g.GRPOConfig(output_dir=str(tmp_path / "api"), prompt_column="question", reward_weights=[1.0, 0.5],
                        max_steps=1, per_device_train_batch_size=8, num_generations=4, max_completion_length=8)
     model, tok = g.load_model("tiny")
-    with pytest.raises(g.ConfigError, match="pass tokenizer= .processing_class= in TRL's words. with this model"):
-        g.GRPOTrainer(cfg, model=model, reward_funcs=[by_label, length], dataset=data)
-    trainer = g.GRPOTrainer(cfg, model=model, tokenizer=tok, reward_funcs=[by_label, length], dataset=data)
+    with pytest.raises(g.ConfigError, match="pass processing_class= .its tokenizer. with this model object"):
+        g.GRPOTrainer(cfg, model=model, reward_funcs=[by_label, length], train_dataset=data)
+    trainer = g.GRPOTrainer(cfg, model=model, processing_class=tok, reward_funcs=[by_label, length], train_dataset=data)
     assert trainer.dataset[0]["prompt"] == "Summarise post 0:"
     trainer.generate_batch()
     m = trainer.last_gen_metrics
@@ -196,7 +196,7 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     assert saved["model"] == "passed from Python: Qwen2ForCausalLM"
     assert saved["dataset"] == "passed from Python: 4 rows" and saved["reward_weights"] == [1.0, 0.5]
     with pytest.raises(g.ConfigError, match="row 0 .*the prompt must be a non-empty string"):
-        g.GRPOTrainer(g.dataclasses.replace(cfg, output_dir=str(tmp_path / "x")), dataset=[{"question": ""}],
+        g.GRPOTrainer(g.dataclasses.replace(cfg, output_dir=str(tmp_path / "x")), train_dataset=[{"question": ""}],
                       reward_funcs=[by_label, length])
 
 

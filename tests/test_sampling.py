@@ -120,7 +120,7 @@ def _tokenizer_with_bos():
     tok.add_special_tokens({"bos_token": "<|bos|>"})
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", tok.bos_token_id)])
-    tok.chat_template = "{{ bos_token }}" + g.TINY_CHAT_TEMPLATE  # as Llama's: the template writes the BOS
+    tok.chat_template = "{{ bos_token }}" + tok.chat_template  # as Llama's: the template writes the BOS
     return tok
 
 
@@ -131,7 +131,7 @@ def test_prompts_start_with_exactly_one_bos(cfg_factory, chat):
     torch.manual_seed(0)
     model = g.build_tiny_model(len(tok))
     rows = [{"prompt": [{"role": "user", "content": f"hi {i}"}] if chat else f"post {i}: TL;DR:"} for i in range(4)]
-    trainer = g.GRPOTrainer(cfg_factory(), model=model, tokenizer=tok, dataset=rows)
+    trainer = g.GRPOTrainer(cfg_factory(), model=model, processing_class=tok, train_dataset=rows)
     for s in trainer.generate_batch():
         prompt = s["prompt_ids"][s["prompt_mask"].bool()].tolist()
         assert prompt[0] == tok.bos_token_id and prompt.count(tok.bos_token_id) == 1, prompt

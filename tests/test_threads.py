@@ -19,7 +19,7 @@ def test_threads_default_to_one_for_the_tiny_model_and_are_recorded(cfg_factory,
     assert torch.get_num_threads() == 2 and trainer.record_of_run["num_threads"] == 2
     model, tok = g.load_model("tiny")  # a model passed from Python keeps torch's setting
     torch.set_num_threads(2)
-    trainer = g.GRPOTrainer(cfg_factory(output_dir=str(tmp_path / "obj")), model=model, tokenizer=tok)
+    trainer = g.GRPOTrainer(cfg_factory(output_dir=str(tmp_path / "obj")), model=model, processing_class=tok)
     assert torch.get_num_threads() == 2 and trainer.record_of_run["num_threads"] == 2
     assert g.parse_cli(["--num_threads", "3"])[0].num_threads == 3
     with pytest.raises(g.ConfigError, match="--num_threads 0"):

@@ -80,7 +80,7 @@ def test_a_model_object_needs_its_processing_class(cfg_factory, tiny_folder, tmp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_folder)
-    with pytest.raises(g.ConfigError, match="pass tokenizer= .processing_class= in TRL's words. with this model"):
+    with pytest.raises(g.ConfigError, match="pass processing_class= .its tokenizer. with this model object"):
         g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
     trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1),
                             processing_class=AutoTokenizer.from_pretrained(tiny_folder))
@@ -111,9 +111,8 @@ def test_reward_funcs_as_one_function_a_name_or_a_list_of_both(cfg_factory, tmp_
 @pytest.mark.parametrize("kwargs,message", [
     (dict(peft_config=object()), "got an unexpected keyword argument 'peft_config'"),  # Python's own TypeError
     (dict(callbacks=[]), "got an unexpected keyword argument 'callbacks'"),
-    (dict(args="both"), "GRPOTrainer: pass cfg= or args= (TRL's name), not both"),
-    (dict(train_dataset=[{"prompt": "a"}], dataset=[{"prompt": "b"}]),
-     "GRPOTrainer: pass dataset= or train_dataset= (TRL's name), not both"),
+    (dict(args="both"), "GRPOTrainer: pass the config once, as the first argument or as args="),
+    (dict(dataset=[{"prompt": "b"}]), "got an unexpected keyword argument 'dataset'"),  # TRL's train_dataset= only
 ])
 def test_trl_arguments_this_trainer_lacks_are_one_line(cfg_factory, kwargs, message):
     with pytest.raises((g.ConfigError, TypeError)) as e:

@@ -116,7 +116,8 @@ def main() -> int:
                                   max_steps=steps, learning_rate=1e-6, per_device_train_batch_size=16,
                                   num_generations=8, max_completion_length=completion,
                                   replay_buffer_class=args.replay_buffer_class, **chunk)
-        trainer = grpo_ssr.GRPOTrainer(cfg, model=model, tokenizer=tokenizer, dataset=grpo_ssr.builtin_prompts())
+        trainer = grpo_ssr.GRPOTrainer(cfg, model=model, processing_class=tokenizer,
+                                       train_dataset=grpo_ssr.builtin_prompts())
         grpo_ssr.generate_completions = timed_generate
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
