@@ -145,7 +145,7 @@ def test_beta_training_steps_stay_finite_with_extreme_padded_logps(cfg_factory, 
     scripted_sampler(monkeypatch, [2, 5, 9, 15], trainer.tokenizer.eos_token_id)
     real, planted_calls = g.lean_logps, []
 
-    def planted(model, input_ids, attention_mask, logits_to_keep, *a, **kw):  # the trainer's log-probs (LeanLogProbs)
+    def planted(model, input_ids, attention_mask, logits_to_keep, *a, **kw):  # the trainer's log-probs (lean_logps)
         planted_calls.append(1)
         lp = real(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
         return lp.masked_fill(attention_mask[:, -logits_to_keep:] == 0, -1000.0)
