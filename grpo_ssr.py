@@ -782,6 +782,7 @@ class GRPOConfig(AlgorithmConfig):
                 _check(value > 0, f.name, value, "must be > 0")
             elif kind in (int, float):
                 _check(value >= least, f.name, value, f"must be >= {least}")
+        _check(self.seed < 2**32, "seed", self.seed, "must be < 2**32 (NumPy's limit)")
 
 
 def not_a_field(name: str, prefix: str = "") -> str:
@@ -1177,7 +1178,9 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "
 
 def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt") -> list[dict]:
     """The data set as a list of rows (dicts), each with its prompt under "prompt" and its other columns."""
-    if (rows := task_prompts(name)) is not None:
+    if (rows := task_prompts(name, heldout=split == "test")) is not None:
+        if split not in ("train", "test"):
+            raise ConfigError(f"--dataset {name!r} is made in code: its splits are train and test, not {split!r}")
         return rows
     import datasets
 

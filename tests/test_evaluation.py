@@ -91,6 +91,13 @@ def test_a_data_set_passed_in_is_not_evaluated_on_the_builtin_split(cfg_factory,
     assert g.GRPOTrainer(cfg, reward_funcs=[by_label], train_dataset=rows, eval_dataset=rows[:2]).eval_rows is None
 
 
+def test_test_is_the_held_out_split_of_a_task_made_in_code(tmp_path):
+    """--eval_dataset names a split of --dataset: for the tasks made in code, test is their held-out split."""
+    cfg = lambda split: g.GRPOConfig(output_dir=str(tmp_path), eval_dataset=split, eval_max_prompts=0)
+    heldout, train = g.task_prompts("builtin", heldout=True), g.task_prompts("builtin")
+    assert g.load_eval_prompts(cfg("test")) == heldout and g.load_eval_prompts(cfg("train")) == train != heldout
+
+
 def test_eval_steps_writes_eval_lines_without_changing_training(cfg_factory, tmp_path):
     cfg = cfg_factory(max_steps=5, eval_steps=2, eval_num_generations=2)
     history = g.run(cfg)

@@ -61,6 +61,8 @@ BAD_CONFIGS = [
     (["--dataset", "arithmetic:4"], "--dataset"),
     (["--dataset", "arithmetic:one"], "--dataset"),
     (["--seed", "-1"], "--seed"),  # every number is >= 0 (NumPy's seed must be)
+    (["--seed", str(2**32)], "--seed"),  # and NumPy's seed < 2**32
+    (["--eval_dataset", "validation"], "splits are train and test"),  # the tasks made in code have those two
 ]
 
 
