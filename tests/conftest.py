@@ -1,7 +1,9 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -56,11 +58,161 @@ def cli(args, cwd, timeout=180):
                           text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# The long runs: processes of their own, started with the session
+# ----------------------------------------------------------------------------------------------------------------------
+# Most tests train the tiny model on one thread and leave the second core idle. The long runs in processes of their own
+# (the default run, the notebooks, TRL's snippets) start when the session does, two at a time, and the tests that read
+# them go last, so that the long runs have the whole session to finish in.
+LONG_RUNS = {"default_run_started", "notebook_runs", "snippet_runs"}
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: bool(LONG_RUNS & set(item.fixturenames)))  # a stable sort: otherwise in file order
+
+
 @pytest.fixture(scope="session")
-def default_run(tmp_path_factory):
-    """`python grpo_ssr.py` as a newcomer runs it, once for the suite: the process and its output folder."""
+def long_runs():
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_long_runs(request):
+    """Start the long runs that the selected tests read (none for `pytest -m "not slow"`)."""
+    for name in ("default_run_started", "notebook_runs", "snippet_runs"):
+        if any(name in item.fixturenames for item in request.session.items):
+            request.getfixturevalue(name)
+
+
+@pytest.fixture(scope="session")
+def default_run_started(tmp_path_factory, long_runs):
     cwd = tmp_path_factory.mktemp("default")
-    return cli(["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900), cwd / "run"
+    return long_runs.submit(cli, ["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900), cwd / "run"
+
+
+@pytest.fixture(scope="session")
+def default_run(default_run_started):
+    """`python grpo_ssr.py` as a newcomer runs it, once for the suite: the process and its output folder."""
+    future, out = default_run_started
+    return future.result(), out
+
+
+# Run in a process of its own: a fresh kernel with cwd the notebook's folder, as a reader would; the file on disk is
+# left untouched.
+EXECUTE = """
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+path = Path(sys.argv[1])
+nb = nbformat.read(path, as_version=4)
+NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+errors = [o.get("ename") for c in nb.cells if c.cell_type == "code"
+          for o in c.get("outputs", []) if o.output_type == "error"]
+sys.exit(f"error outputs {errors}" if errors else 0)
+"""
+
+
+@pytest.fixture(scope="session")
+def notebook_runs(request, long_runs):
+    """The notebooks this session selected, each executed top to bottom: path -> future."""
+    chosen = [item.callspec.params["path"] for item in request.session.items
+              if getattr(item, "originalname", "") == "test_notebook_runs_top_to_bottom"]
+    chosen.sort(key=lambda path: path.name != "06_real_model.ipynb")  # the longest (the real model's) first
+    return {path: long_runs.submit(subprocess.run, [sys.executable, "-c", EXECUTE, str(path)], capture_output=True,
+                                   text=True, timeout=1200) for path in chosen}
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """The tiny model and tokenizer as save_pretrained writes them: what a Hub id or a folder loads."""
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    torch.manual_seed(0)
+    model, tok = grpo_ssr.load_model("tiny")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+QUICK_START = '''\
+from datasets import load_dataset
+from grpo_ssr import GRPOConfig, GRPOTrainer
+dataset = load_dataset("trl-lib/tldr", split="train")
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=reward_len, train_dataset=dataset)
+trainer.train()
+'''
+
+
+SEED_EXAMPLE = '''\
+from datasets import load_dataset
+from grpo_ssr import GRPOConfig, GRPOTrainer
+
+dataset = load_dataset("trl-lib/tldr", split="train")
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+training_args = GRPOConfig(output_dir="Qwen2-0.5B-GRPO", logging_steps=10, replay_buffer_class="SSRReplayBuffer",
+                           ssr_capacity_scalar=4, ssr_alpha=1.0)
+trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=reward_len, args=training_args,
+                      train_dataset=dataset)
+trainer.train()
+'''
+
+
+@pytest.fixture(scope="session")
+def offline_hub(tmp_path_factory, tiny_folder):
+    """An HF_HOME in which "Qwen/Qwen2-0.5B-Instruct" and "trl-lib/tldr" resolve offline, to local stand-ins.
+
+    The model: a Hub-cache snapshot (models--Qwen--Qwen2-0.5B-Instruct/snapshots/<commit>/ and refs/main) holding the
+    tiny model, which from_pretrained reads with HF_HUB_OFFLINE=1. The data set: offline, load_dataset reads a data
+    set it prepared once before, from HF_DATASETS_CACHE/trl-lib___tldr/default/0.0.0/<commit>/; the stand-in is
+    prepared there by the parquet builder an online load would use, from a parquet file with tldr's columns (prompt,
+    completion) holding grpo_ssr's 36 built-in TL;DR-style prompts."""
+    from datasets import Dataset
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    home, commit = tmp_path_factory.mktemp("hf_home"), "0" * 39 + "1"
+    repo = home / "hub" / "models--Qwen--Qwen2-0.5B-Instruct"
+    shutil.copytree(tiny_folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    parquet = home / "train.parquet"
+    rows = [{**r, "completion": " A short summary."} for r in grpo_ssr.builtin_prompts()]
+    Dataset.from_list(rows).to_parquet(parquet)
+    build = home / "build"
+    Parquet(cache_dir=str(build), dataset_name="tldr", config_name="default", hash=commit,
+            data_files={"train": str(parquet)}).download_and_prepare()
+    prepared = next((build / "tldr").glob("default*"))  # its config id hashes the local file's path
+    shutil.move(str(prepared), str(home / "datasets" / "trl-lib___tldr" / "default"))
+    for lock in (home / "datasets").rglob("*.lock"):
+        lock.unlink()
+    return home
+
+
+def _run_snippet(code: str, home, cwd):
+    cwd.mkdir()
+    (cwd / "snippet.py").write_text(code)
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    env.pop("HF_HUB_CACHE", None), env.pop("HF_DATASETS_CACHE", None)
+    return subprocess.run([sys.executable, "snippet.py"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.fixture(scope="session")
+def snippet_runs(offline_hub, tmp_path_factory, long_runs):
+    """TRL's quick start and the seed pull request's example, each run as a script: name -> (future, folder)."""
+    cwd = tmp_path_factory.mktemp("snippets")
+    return {name: (long_runs.submit(_run_snippet, code, offline_hub, cwd / name), cwd / name)
+            for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))}
 
 
 def error_line(capsys) -> str:

@@ -1,13 +1,12 @@
 """Run under torchrun (or alone) by tests/test_distributed.py: train a few steps, then dump what the test compares.
 
-    python tests/ddp_driver.py OUT_DIR MODE [LOSS_TYPE]
+    python tests/ddp_driver.py OUT_DIR MODE
 
 MODE "train": a few real steps; each rank saves its final parameters to OUT_DIR/params-{rank}.pt.
-MODE "fixed": one step on fixed completions (the same 16 samples for any world size, split between the ranks);
-rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed-{loss_type}-{world}.pt.
-    python tests/ddp_driver.py OUT_DIR fixed LOSS_TYPE SHARES   (one process)
-computes the gradient of each of SHARES equal shares on its own, as SHARES ranks would, and saves their mean
-(what DDP's averaging gives) to OUT_DIR/fixed-{loss_type}-1x{SHARES}.pt.
+MODE "fixed": for each loss type, one step on fixed completions (the same 16 samples for any world size, split between
+the ranks); rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed-{loss_type}-{world}.pt. In one
+process it also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what DDP's
+averaging gives) to OUT_DIR/fixed-{loss_type}-1x2.pt.
 """
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ def fixed_samples(pad_id: int) -> list[dict]:
     return out
 
 
-def main(out_dir: str, mode: str, loss_type: str = "bnpo", shares: str = "") -> None:
+def main(out_dir: str, mode: str) -> None:
     out = Path(out_dir)
     if mode == "train":
         cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=3, device="cpu", per_device_train_batch_size=8,
@@ -47,15 +46,14 @@ def main(out_dir: str, mode: str, loss_type: str = "bnpo", shares: str = "") -> 
         torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
         return
     world = int(g.os.environ.get("WORLD_SIZE", "1"))
-    if shares:  # one process, each share on its own: the gradients N ranks would compute before DDP averages them
-        n = int(shares)
-        grads = [one_step(out, loss_type, n, r)[0] for r in range(n)]
-        torch.save({"grads": [sum(gs) / n for gs in zip(*grads)]}, out / f"fixed-{loss_type}-1x{n}.pt")
-        return
-    grads, trainer = one_step(out, loss_type, world, None)
-    if trainer.dist.rank == 0:
-        torch.save({"grads": grads, "params": [p.detach() for p in trainer.model.parameters()]},
-                   out / f"fixed-{loss_type}-{world}.pt")
+    for loss_type in g.LOSS_TYPES:
+        grads, trainer = one_step(out, loss_type, world, None)
+        if trainer.dist.rank == 0:
+            torch.save({"grads": grads, "params": [p.detach() for p in trainer.model.parameters()]},
+                       out / f"fixed-{loss_type}-{world}.pt")
+        if world == 1:  # each half on its own: the gradients 2 ranks would compute before DDP averages them
+            halves = [one_step(out, loss_type, 2, r)[0] for r in range(2)]
+            torch.save({"grads": [sum(gs) / 2 for gs in zip(*halves)]}, out / f"fixed-{loss_type}-1x2.pt")
 
 
 def one_step(out: Path, loss_type: str, world: int, share=None):

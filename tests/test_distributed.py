@@ -52,14 +52,22 @@ def test_parameters_identical_on_both_ranks(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(p0, p1))
 
 
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory):
+    """One step on the same 16 fixed completions of unequal lengths for each loss type: under torchrun, 8 per rank,
+    and in one process on all 16 (and on each half alone), side by side."""
+    out = tmp_path_factory.mktemp("fixed")
+    driver = [ROOT / "tests" / "ddp_driver.py", out, "fixed"]
+    single = subprocess.Popen([sys.executable, *map(str, driver)], stderr=subprocess.PIPE, text=True, env=ENV)
+    torchrun(*driver)
+    err = single.communicate(timeout=300)[1]
+    assert single.returncode == 0, err[-3000:]
+    return lambda loss_type, world: torch.load(out / f"fixed-{loss_type}-{world}.pt")
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_two_ranks_give_the_update_of_one_big_batch(tmp_path, loss_type):
-    """Fixed completions of unequal lengths, 8 per rank, against one process on all 16."""
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "fixed", loss_type)
-    single = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_driver.py"), tmp_path, "fixed", loss_type],
-                            capture_output=True, text=True, env=ENV, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
-    two, one = (torch.load(tmp_path / f"fixed-{loss_type}-{w}.pt") for w in (2, 1))
+def test_two_ranks_give_the_update_of_one_big_batch(fixed, loss_type):
+    two, one = fixed(loss_type, 2), fixed(loss_type, 1)
     for a, b in zip(two["grads"], one["grads"]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
     assert sum(g.abs().sum() for g in one["grads"]) > 0
@@ -70,16 +78,11 @@ def test_two_ranks_give_the_update_of_one_big_batch(tmp_path, loss_type):
         assert torch.allclose(a[clear], b[clear], atol=1e-6)
 
 
-def test_bnpo_divides_each_rank_by_its_own_tokens(tmp_path):
+def test_bnpo_divides_each_rank_by_its_own_tokens(fixed):
     """As TRL: each rank's bnpo loss is divided by that rank's own token count and DDP averages the gradients. So two
     ranks give the mean of each share's own bnpo gradient, which differs from one big batch's (the shares hold 37
     and 42 tokens)."""
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "fixed", "bnpo")
-    for extra in ([], ["2"]):
-        single = subprocess.run([sys.executable, str(ROOT / "tests" / "ddp_driver.py"), tmp_path, "fixed", "bnpo",
-                                 *extra], capture_output=True, text=True, env=ENV, timeout=300)
-        assert single.returncode == 0, single.stderr[-3000:]
-    two, shares, big = (torch.load(tmp_path / f"fixed-bnpo-{w}.pt") for w in ("2", "1x2", "1"))
+    two, shares, big = (fixed("bnpo", w) for w in ("2", "1x2", "1"))
     for a, b in zip(two["grads"], shares["grads"]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
     assert not all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(two["grads"], big["grads"]))

@@ -7,9 +7,7 @@ import ast
 import inspect
 import json
 import re
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,34 +33,6 @@ def test_the_course_has_notebooks():
 # ----------------------------------------------------------------------------------------------------------------------
 # Execution
 # ----------------------------------------------------------------------------------------------------------------------
-
-# Run in a process of its own: a fresh kernel with cwd the notebook's folder, as a reader would; the file on disk is
-# left untouched.
-EXECUTE = """
-import sys
-from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
-
-path = Path(sys.argv[1])
-nb = nbformat.read(path, as_version=4)
-NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-errors = [o.get("ename") for c in nb.cells if c.cell_type == "code"
-          for o in c.get("outputs", []) if o.output_type == "error"]
-sys.exit(f"error outputs {errors}" if errors else 0)
-"""
-
-
-@pytest.fixture(scope="session")
-def notebook_runs(request):
-    """The notebooks this session selected, executing two at a time from the first request on: path -> future."""
-    chosen = [item.callspec.params["path"] for item in request.session.items
-              if getattr(item, "originalname", "") == "test_notebook_runs_top_to_bottom"]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {path: pool.submit(subprocess.run, [sys.executable, "-c", EXECUTE, str(path)], capture_output=True,
-                                 text=True, timeout=1200) for path in chosen}
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=notebook_id)

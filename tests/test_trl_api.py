@@ -4,30 +4,15 @@ fields that this file lacks refused in one line (the closest field named), and T
 request's example run offline with only the import changed. (The rest of that hour lives by subject: threads in
 test_threads.py, config values, a crashed run, Ctrl-C and the end-of-run replay summary in test_run_and_resume.py,
 scale_rewards and rewards that return strings in test_rewards_and_advantages.py, a malformed .jsonl in
-test_models_and_data.py.)"""
+test_models_and_data.py.) The two scripts, and the offline stand-ins for the Hub they run against, are in conftest.py
+with the suite's other long runs."""
 import json
-import os
-import shutil
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 import grpo_ssr as g
-from conftest import ROOT, SMALL, error_line, metrics_rows
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """The tiny model and tokenizer as save_pretrained writes them: what a Hub id or a folder loads."""
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    torch.manual_seed(0)
-    model, tok = g.load_model("tiny")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+from conftest import SMALL, error_line, metrics_rows
 
 
 def reward_len(completions, **kwargs):  # TRL's quick-start reward, as its README writes it: ints
@@ -152,84 +137,6 @@ def test_cli_says_the_same_in_either_spelling(capsys):
     with pytest.raises(g.ConfigError) as e:
         g.GRPOConfig(max_stepz=3)
     assert str(e.value) == f"max_stepz {NOT_A_FIELD}; did you mean max_steps?"
-
-
-QUICK_START = '''\
-from datasets import load_dataset
-from grpo_ssr import GRPOConfig, GRPOTrainer
-dataset = load_dataset("trl-lib/tldr", split="train")
-def reward_len(completions, **kwargs):
-    return [-abs(20 - len(completion)) for completion in completions]
-trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=reward_len, train_dataset=dataset)
-trainer.train()
-'''
-
-
-SEED_EXAMPLE = '''\
-from datasets import load_dataset
-from grpo_ssr import GRPOConfig, GRPOTrainer
-
-dataset = load_dataset("trl-lib/tldr", split="train")
-
-
-def reward_len(completions, **kwargs):
-    return [-abs(20 - len(completion)) for completion in completions]
-
-
-training_args = GRPOConfig(output_dir="Qwen2-0.5B-GRPO", logging_steps=10, replay_buffer_class="SSRReplayBuffer",
-                           ssr_capacity_scalar=4, ssr_alpha=1.0)
-trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=reward_len, args=training_args,
-                      train_dataset=dataset)
-trainer.train()
-'''
-
-
-@pytest.fixture(scope="module")
-def offline_hub(tmp_path_factory, tiny_folder):
-    """An HF_HOME in which "Qwen/Qwen2-0.5B-Instruct" and "trl-lib/tldr" resolve offline, to local stand-ins.
-
-    The model: a Hub-cache snapshot (models--Qwen--Qwen2-0.5B-Instruct/snapshots/<commit>/ and refs/main) holding the
-    tiny model, which from_pretrained reads with HF_HUB_OFFLINE=1. The data set: offline, load_dataset reads a data
-    set it prepared once before, from HF_DATASETS_CACHE/trl-lib___tldr/default/0.0.0/<commit>/; the stand-in is
-    prepared there by the parquet builder an online load would use, from a parquet file with tldr's columns (prompt,
-    completion) holding grpo_ssr's 36 built-in TL;DR-style prompts."""
-    from datasets import Dataset
-    from datasets.packaged_modules.parquet.parquet import Parquet
-
-    home, commit = tmp_path_factory.mktemp("hf_home"), "0" * 39 + "1"
-    repo = home / "hub" / "models--Qwen--Qwen2-0.5B-Instruct"
-    shutil.copytree(tiny_folder, repo / "snapshots" / commit)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    parquet = home / "train.parquet"
-    Dataset.from_list([{**r, "completion": " A short summary."} for r in g.builtin_prompts()]).to_parquet(parquet)
-    build = home / "build"
-    Parquet(cache_dir=str(build), dataset_name="tldr", config_name="default", hash=commit,
-            data_files={"train": str(parquet)}).download_and_prepare()
-    prepared = next((build / "tldr").glob("default*"))  # its config id hashes the local file's path
-    shutil.move(str(prepared), str(home / "datasets" / "trl-lib___tldr" / "default"))
-    for lock in (home / "datasets").rglob("*.lock"):
-        lock.unlink()
-    return home
-
-
-def _run_snippet(code: str, home, cwd):
-    cwd.mkdir()
-    (cwd / "snippet.py").write_text(code)
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    env.pop("HF_HUB_CACHE", None), env.pop("HF_DATASETS_CACHE", None)
-    return subprocess.run([sys.executable, "snippet.py"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
-
-
-@pytest.fixture(scope="module")
-def snippet_runs(offline_hub, tmp_path_factory):
-    """The two snippets, run side by side (one thread each) from the first request on: name -> (future, folder)."""
-    cwd = tmp_path_factory.mktemp("snippets")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {name: (pool.submit(_run_snippet, code, offline_hub, cwd / name), cwd / name)
-               for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))}
 
 
 @pytest.mark.slow
