@@ -64,11 +64,11 @@ def cli(args, cwd, timeout=180):
 # Most tests train the tiny model on one thread and leave the second core idle. The long runs in processes of their own
 # (the default run, the notebooks, TRL's snippets) start when the session does, two at a time, and the tests that read
 # them go last, so that the long runs have the whole session to finish in.
-LONG_RUNS = {"default_run_started", "notebook_runs", "snippet_runs"}
+LONG_RUNS = ("default_run_started", "notebook_runs", "snippet_runs")  # in the order they start
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: bool(LONG_RUNS & set(item.fixturenames)))  # a stable sort: otherwise in file order
+    items.sort(key=lambda item: any(name in item.fixturenames for name in LONG_RUNS))  # stable: else in file order
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +80,7 @@ def long_runs():
 @pytest.fixture(scope="session", autouse=True)
 def start_long_runs(request):
     """Start the long runs that the selected tests read (none for `pytest -m "not slow"`)."""
-    for name in ("default_run_started", "notebook_runs", "snippet_runs"):
+    for name in LONG_RUNS:
         if any(name in item.fixturenames for item in request.session.items):
             request.getfixturevalue(name)
 
