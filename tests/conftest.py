@@ -119,8 +119,7 @@ sys.exit(f"error outputs {errors}" if errors else 0)
 @pytest.fixture(scope="session")
 def notebook_runs(request, long_runs):
     """The notebooks this session selected, each executed top to bottom: path -> future."""
-    chosen = [item.callspec.params["path"] for item in request.session.items
-              if getattr(item, "originalname", "") == "test_notebook_runs_top_to_bottom"]
+    chosen = [item.callspec.params["path"] for item in request.session.items if "notebook_runs" in item.fixturenames]
     chosen.sort(key=lambda path: path.name != "06_real_model.ipynb")  # the longest (the real model's) first
     return {path: long_runs.submit(subprocess.run, [sys.executable, "-c", EXECUTE, str(path)], capture_output=True,
                                    text=True, timeout=1200) for path in chosen}
