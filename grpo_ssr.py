@@ -615,7 +615,7 @@ class GRPOStep:
         if not micro_batches or empty:  # nothing to train on, even after the retries; or, skipped, no signal
             return {**self._no_update(metrics, micro_batches, retries), "step_time": time.perf_counter() - start}
         tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
-        step_tokens = sum(self.dist.reduce(tokens))  # dapo divides by the whole step's tokens, every rank's
+        step_tokens = self.dist.reduce([sum(tokens)])[0]  # dapo's divisor: every rank's tokens (one value a rank)
         rows = sum(len(mb) for mb in micro_batches)  # grpo and dr_grpo by its rows: each weighs the same
         trained = []
         for i, samples in enumerate(micro_batches):
@@ -742,7 +742,8 @@ class GRPOConfig(AlgorithmConfig):
     eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
     eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt, beside the greedy one.")
     eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
-    bf16: bool = _opt(False, "bf16 autocast on a CPU too; only with AVX512-BF16 or AMX (elsewhere it stays float32).")
+    bf16: Optional[bool] = _opt(None, "bf16 autocast; default: on a GPU with native bf16, else off. --bf16 asks for it "
+                                      "on a CPU (AVX512-BF16 or AMX); --bf16 false turns it off.")
     num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
     logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
     output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
@@ -852,18 +853,26 @@ def cpu_has_bf16() -> bool:
     return any(getattr(torch.cpu, p, lambda: False)() for p in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
-def pick_device(name: str = "auto", bf16: bool = False, num_threads: Optional[int] = None) -> tuple[torch.device, Any]:
-    """The device, and the autocast to run the model under: bf16 on GPUs with it, and on a CPU if `bf16` and it can."""
+def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Optional[int] = None):
+    """The device, and the autocast to run the model under: bf16 where the device computes it natively (by default on
+    such a GPU; on a CPU only when asked), else float32 with one line that says so."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
+    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one GPU per process
+        if "LOCAL_RANK" not in os.environ:
+            raise ConfigError("WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun, which "
+                              "sets both (every rank would share cuda:0)")
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    if bf16 and device.type == "cpu" and not cpu_has_bf16():
-        warnings.warn("--bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX): using float32", stacklevel=2)
-        bf16 = False
-    if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or bf16:
+    if device.type == "cuda":  # emulated bf16 (a T4, a V100) counts by default, and is slow
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+    else:
+        native = cpu_has_bf16()
+    if bf16 is not False and not native and (bf16 or device.type == "cuda"):
+        warnings.warn(f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32",
+                      stacklevel=2)
+    if native and (device.type == "cuda" if bf16 is None else bf16):
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return device, nullcontext
 
@@ -877,6 +886,21 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_states(device: torch.device) -> dict:
+    """Every generator a run draws from; of the GPUs, only this process's own, so that a checkpoint resumes with any
+    number of them visible."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_states(states: dict, device: torch.device) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
 
 
 class Torchrun(Dist):
@@ -1362,7 +1386,12 @@ TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_st
 
 
 class TrainingStopped(KeyboardInterrupt):
-    """Raised by train() once a signal stopped it and its checkpoint is saved; main() exits 0 with the resume line."""
+    """Raised by train() once a signal stopped it and its checkpoint is saved; main() exits 128 + the signal's number
+    (130 after Ctrl-C, 143 after SIGTERM), as a shell does, so a script or scheduler can tell it from a finished run."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 class GRPOTrainer(GRPOStep):
@@ -1404,7 +1433,7 @@ class GRPOTrainer(GRPOStep):
             **({"dataset": f"{FROM_PYTHON}: {len(rows)} rows"} if dataset is not None else {}),
             **({"reward_funcs": f"{FROM_PYTHON}: {','.join(f.__name__ for f in funcs)}"} if reward_funcs else {}),
             **({"reward_weights": weights} if reward_weights is not None else {}),
-            "bf16": cfg.bf16 and ran_bf16, "num_threads": torch.get_num_threads(),
+            "bf16": ran_bf16, "num_threads": torch.get_num_threads(),
             "precision": "bf16 autocast" if ran_bf16 else "float32"}
         self.eval_rows = None  # held-out prompts; not --dataset's split for a data set passed in (it is another)
         if cfg.eval_steps and eval_dataset is not None:
@@ -1418,6 +1447,13 @@ class GRPOTrainer(GRPOStep):
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
         check_positions(cfg, model)
+        low = {str(p.dtype)[6:] for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.half)}
+        if low:  # from_pretrained's dtype="auto" keeps a checkpoint's bf16; AdamW would round small updates away
+            if dist.main:
+                print(f"note: the model has {'/'.join(sorted(low))} weights: training float32 master weights instead "
+                      "(bf16 belongs in autocast; pass dtype=torch.float32 to from_pretrained to skip this)",
+                      file=sys.stderr)
+            model.float()
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
             for module in model.modules():  # p = 0 in every dropout layer, as TRL's disable_dropout
@@ -1433,6 +1469,7 @@ class GRPOTrainer(GRPOStep):
                 self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
+        self.stop_signal = signal.SIGTERM  # the last signal seen (a rank stopped by another's: TERM)
         self.last_completions, self.log_history = [], []  # --log_completions' batch; metrics.jsonl's lines, all of them
 
     args = property(lambda self: self.cfg)
@@ -1543,6 +1580,7 @@ class GRPOTrainer(GRPOStep):
 
         def on_signal(signum, frame):
             self.stop_requested += 1
+            self.stop_signal = signum
             if self.stop_requested > 1:
                 print("second signal: exiting now", file=sys.stderr)
                 os._exit(130)
@@ -1596,7 +1634,7 @@ class GRPOTrainer(GRPOStep):
                 signal.signal(sig, handler)
         self.dist.barrier()
         if self.stop_requested:
-            raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}")
+            raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}", self.stop_signal)
         history = read_metrics(self.log_history[first:])[0]  # this run's training lines
         if main:
             for line in replay_line(history, cfg) + self.health():
@@ -1631,8 +1669,7 @@ class GRPOTrainer(GRPOStep):
             own = {"sample_uid": self.sample_uid, "fresh": self.fresh, "last_gen_metrics": self.last_gen_metrics,
                    "prompt_sampler": vars(self.prompt_sampler), "buffer_generator": self.buffer.generator.get_state(),
                    "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
-                   "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+                   "rng": rng_states(self.device)}
             torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
             self.dist.barrier()
         if self.dist.main and self.cfg.save_total_limit is not None:  # this one and the newest limit - 1 older stay
@@ -1669,10 +1706,7 @@ class GRPOTrainer(GRPOStep):
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step, self.counters, self.fresh = shared["step"], shared["counters"], [to_device(s) for s in own["fresh"]]
         self.sample_uid, self.last_gen_metrics = own["sample_uid"], own["last_gen_metrics"]
-        for name, set_state in (("python", random.setstate), ("numpy", np.random.set_state),
-                                ("torch", torch.set_rng_state), ("cuda", torch.cuda.set_rng_state_all)):
-            if own["rng"][name] is not None and (name != "cuda" or torch.cuda.is_available()):
-                set_state(own["rng"][name])
+        set_rng_states(own["rng"], self.device)
         out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:
             if saved != self.cfg.max_steps:
@@ -1928,6 +1962,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    bf16 = parser._option_string_actions["--bf16"]  # Optional[bool]: make a bare --bf16 mean true, as for the others
+    bf16.nargs, bf16.const = "?", True
     cfg, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         flag = unknown[0].split("=")[0]
@@ -1981,8 +2017,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except TrainingStopped:  # by a signal, after its checkpoint and the line that says how to resume
-        return 0
+    except TrainingStopped as e:  # by a signal, after its checkpoint and the line that says how to resume
+        return 128 + e.signum
     finally:
         if tdist.is_available() and tdist.is_initialized():
             tdist.destroy_process_group()

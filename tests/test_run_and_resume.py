@@ -3,6 +3,7 @@ completion within the model's positions), device and seeds (the record says floa
 API, main() end to end (what a run writes and prints: what replay did, the metrics figure), SIGTERM and Ctrl-C,
 checkpoints (a half-written one cleaned away), the output folder (a run removes only what a run writes; a crashed run
 does not lock it), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
+import contextlib
 import json
 import math
 import os
@@ -142,11 +143,41 @@ def test_bf16_flag_autocasts_on_cpu(cfg_factory, monkeypatch):
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_stays_float32(monkeypatch):
     monkeypatch.setattr(g, "cpu_has_bf16", lambda: False)
-    with pytest.warns(UserWarning, match=r"--bf16: this CPU has no bf16 instructions \(AVX512-BF16 or AMX\)"):
+    with pytest.warns(UserWarning, match=r"this CPU has no native bf16 \(emulated, it is slow\): running float32"):
         device, autocast = g.pick_device("cpu", bf16=True)
     with autocast():
         assert not torch.is_autocast_enabled("cpu")
     assert device.type == "cpu"
+
+
+@pytest.mark.parametrize("native, bf16, autocast, warns", [
+    (True, None, True, False),  # an A100 or H100: bf16 by default
+    (True, False, False, False),  # --bf16 false turns it off
+    (False, None, False, True),  # a T4 or V100: bf16 only emulated, so float32, with one line
+    (False, True, False, True),
+])
+def test_bf16_on_a_gpu_only_where_it_is_native(monkeypatch, recwarn, native, bf16, autocast, warns):
+    """torch.cuda.is_bf16_supported() counts emulation unless asked not to: a T4 would run bf16, slowly."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+    device, context = g.pick_device("cuda", bf16=bf16)  # no CUDA needed: the autocast is only built, not entered
+    assert device.type == "cuda" and (context is not contextlib.nullcontext) == autocast
+    assert [str(w.message) for w in recwarn] == (["this CUDA has no native bf16 (emulated, it is slow): running "
+                                                  "float32"] if warns else [])
+
+
+def test_a_launcher_without_local_rank_is_refused_in_one_line(monkeypatch):
+    """WORLD_SIZE without LOCAL_RANK would put every rank on cuda:0."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(g.ConfigError, match="WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun"):
+        g.pick_device("cuda")
+
+
+def test_a_bare_bf16_flag_means_true_and_bf16_false_turns_it_off():
+    assert g.parse_cli(["--bf16"])[0].bf16 is True
+    assert g.parse_cli(["--bf16", "--max_steps", "3"])[0].bf16 is True
+    assert g.parse_cli(["--bf16", "false"])[0].bf16 is False
+    assert g.parse_cli([])[0].bf16 is None  # auto: the device decides
 
 
 def test_same_seed_same_metrics_bit_for_bit(cfg_factory, tmp_path):
@@ -160,12 +191,65 @@ def test_same_seed_same_metrics_bit_for_bit(cfg_factory, tmp_path):
 
 def test_the_record_says_float32_when_bf16_fell_back(cfg_factory, monkeypatch, keep_threads):
     monkeypatch.setattr(g, "cpu_has_bf16", lambda: False)
-    with pytest.warns(UserWarning, match="using float32"):
+    with pytest.warns(UserWarning, match="running float32"):
         trainer = g.GRPOTrainer(cfg_factory(bf16=True))
     assert trainer.record_of_run["bf16"] is False and trainer.record_of_run["precision"] == "float32"
     monkeypatch.setattr(g, "cpu_has_bf16", lambda: True)
     trainer = g.GRPOTrainer(cfg_factory(bf16=True))
     assert trainer.record_of_run["bf16"] is True and trainer.record_of_run["precision"] == "bf16 autocast"
+
+
+def test_rng_states_hold_only_this_devices_cuda_generator(monkeypatch):
+    """Saved on an 8-GPU machine by the process on cuda:3, resumed where it is the only one visible (cuda:0)."""
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([torch.device(device).index]))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("saved every visible GPU's state"))
+    restored = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append((state, device)))
+    states = g.rng_states(torch.device("cuda", 3))
+    assert states["cuda"].tolist() == [3]  # one state, this process's device's
+    g.set_rng_states(states, torch.device("cuda", 0))
+    assert restored == [(states["cuda"], torch.device("cuda", 0))]
+    assert g.rng_states(torch.device("cpu"))["cuda"] is None  # a CPU run touches no GPU generator
+
+
+def test_a_checkpoint_resumes_where_fewer_gpus_are_visible_than_saved_it(cfg_factory, monkeypatch, keep_threads):
+    """As on a machine whose CUDA_VISIBLE_DEVICES shrank: restoring all 8 saved GPU states raises IndexError."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.zeros(1, dtype=torch.uint8)] * 8)
+
+    def set_all(states):
+        if len(states) > 1:
+            raise IndexError("list index out of range")
+
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
+    trainer = g.GRPOTrainer(cfg_factory(max_steps=2))
+    trainer.train_step()
+    path = trainer.save_checkpoint()
+    resumed = g.GRPOTrainer(cfg_factory(max_steps=2, resume_from_checkpoint=str(path)))
+    resumed.load_checkpoint(path)
+    assert resumed.step == 1
+
+
+def test_a_bf16_model_from_from_pretrained_trains_float32_master_weights(cfg_factory, tmp_path, capsys, keep_threads):
+    """transformers 5's from_pretrained keeps a checkpoint's bf16 (dtype="auto"), TRL's usual code. AdamW on bf16
+    weights at lr 1e-6 rounds every update away: the run would learn nothing, silently."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model, tok = g.load_model("tiny")
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert loaded.dtype == torch.bfloat16
+    before = [p.detach().float().clone() for p in loaded.parameters() if p.dim() == 2]
+    trainer = g.GRPOTrainer(model=loaded, processing_class=tok, reward_funcs=g.reward_len,
+                            args=cfg_factory(learning_rate=1e-6, max_steps=2, eval_steps=0),
+                            train_dataset=g.builtin_prompts())
+    trainer.train()
+    after = [p.detach().float() for p in trainer.model.parameters() if p.dim() == 2]
+    moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
+    assert moved > 0.9, f"{moved:.1%} of the weights moved"  # in bf16, only those near 0 (about 2% here)
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert "note: the model has bfloat16 weights: training float32 master weights" in capsys.readouterr().err
 
 
 # --- the Python API, as a TRL user calls it ---------------------------------------------------------------------------
@@ -397,20 +481,23 @@ def test_ctrl_c_from_python_saves_a_checkpoint_then_raises(cfg_factory, capsys, 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers were given back
 
 
-def test_ctrl_c_from_the_cli_exits_0_with_its_resume_line(tmp_path, monkeypatch, capsys, keep_threads):
-    (tmp_path / "sig_rewards.py").write_text(textwrap.dedent("""\
+@pytest.mark.parametrize("sig, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_from_the_cli_exits_128_plus_its_number_with_the_resume_line(
+        sig, status, tmp_path, monkeypatch, capsys, keep_threads):
+    """A stopped run must not look finished to a script or a scheduler: the shell's status, 128 + the signal."""
+    (tmp_path / f"stop_{sig}.py").write_text(textwrap.dedent(f"""\
         import os, signal
         import grpo_ssr
         calls = []
-        def ctrl_c(completions, **kw):
+        def stop(completions, **kw):
             calls.append(1)
             if len(calls) == 1:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.{sig})
             return grpo_ssr.reward_len(completions)
         """))
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "o"
-    assert g.main(["--output_dir", str(out), "--eval_steps", "0", "--reward_funcs", "sig_rewards.ctrl_c", *SMALL]) == 0
+    assert g.main(["--output_dir", str(out), "--eval_steps", "0", "--reward_funcs", f"stop_{sig}.stop", *SMALL]) == status
     assert f"resume with --resume_from_checkpoint {out / 'checkpoint-1'}" in capsys.readouterr().err
 
 
