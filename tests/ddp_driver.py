@@ -3,6 +3,8 @@
     python tests/ddp_driver.py OUT_DIR MODE
 
 MODE "train": a few real steps; each rank saves its final parameters to OUT_DIR/params-{rank}.pt.
+MODE "dynamic": a few steps of --dynamic_sampling where rank 0 keeps every group and rank 1 half of them, so the ranks
+train different numbers of micro-batches; each rank saves its parameters and metrics to OUT_DIR/dynamic-{rank}.pt.
 MODE "fixed": for each loss type, one step on fixed completions (the same 16 samples for any world size, split between
 the ranks); rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed-{loss_type}-{world}.pt. In one
 process it also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what DDP's
@@ -45,6 +47,15 @@ def main(out_dir: str, mode: str) -> None:
         trainer.train()
         torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
         return
+    if mode == "dynamic":
+        cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=2, device="cpu", per_device_train_batch_size=8,
+                           gradient_accumulation_steps=2, num_generations=4, max_completion_length=8,
+                           dynamic_sampling=True, max_generation_retries=0, eval_steps=0, overwrite_output_dir=True)
+        trainer = g.GRPOTrainer(cfg, reward_funcs=uneven_spread)
+        history = trainer.train()
+        torch.save({"params": [p.detach() for p in trainer.model.parameters()], "history": history},
+                   out / f"dynamic-{trainer.dist.rank}.pt")
+        return
     world = int(g.os.environ.get("WORLD_SIZE", "1"))
     for loss_type in g.LOSS_TYPES:
         grads, trainer = one_step(out, loss_type, world, None)
@@ -54,6 +65,12 @@ def main(out_dir: str, mode: str) -> None:
         if world == 1:  # each half on its own: the gradients 2 ranks would compute before DDP averages them
             halves = [one_step(out, loss_type, 2, r)[0] for r in range(2)]
             torch.save({"grads": [sum(gs) / 2 for gs in zip(*halves)]}, out / f"fixed-{loss_type}-1x2.pt")
+
+
+def uneven_spread(completions, **kwargs) -> list[float]:
+    """Spread in every group of 4 on rank 0; on rank 1 only in the first two groups: it keeps 8 of 16 completions."""
+    rank1 = g.os.environ.get("RANK") == "1"
+    return [0.0 if rank1 and i >= 8 else float(i % 4) for i in range(len(completions))]
 
 
 def one_step(out: Path, loss_type: str, world: int, share=None):

@@ -52,6 +52,16 @@ def test_parameters_identical_on_both_ranks(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(p0, p1))
 
 
+def test_dynamic_sampling_with_uneven_micro_batches_across_ranks(tmp_path):
+    """Rank 0 keeps 4 groups (2 micro-batches), rank 1 keeps 2 (1 micro-batch): every collective of the step must
+    still have one shape on every rank, or the step hangs (bounded here by the timeout) or sums the wrong numbers."""
+    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "dynamic", timeout=120)
+    r0, r1 = (torch.load(tmp_path / f"dynamic-{r}.pt", weights_only=False) for r in (0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))
+    assert [m["skipped"] for m in r0["history"]] == [0, 0]
+    assert [m["frac_batch_filled"] for m in r0["history"]] == [0.75, 0.75]  # (1 + 0.5) / 2: the ranks' mean
+
+
 @pytest.fixture(scope="module")
 def fixed(tmp_path_factory):
     """One step on the same 16 fixed completions of unequal lengths for each loss type: under torchrun, 8 per rank,
