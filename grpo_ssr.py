@@ -1637,7 +1637,7 @@ class GRPOTrainer(GRPOStep):
             raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}", self.stop_signal)
         history = read_metrics(self.log_history[first:])[0]  # this run's training lines
         if main:
-            for line in replay_line(history, cfg) + self.health():
+            for line in summary_lines(history, cfg) + self.health():
                 print(line)
             print_outputs(out)
         return history
@@ -1752,8 +1752,11 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
                      "the answer (raise --max_completion_length).")
     if (no_spread := mean_of(train, "frac_reward_zero_std")) > NO_SPREAD:
         plain = BUFFER_CLASSES[cfg.replay_buffer_class] == "ReplayBuffer" and not getattr(cfg, "dynamic_sampling", 0)
-        lines.append(f"{no_spread:.0%} of groups had no reward spread, so their advantages were 0 and they taught "
-                     "nothing: raise --num_generations or --temperature" + (
+        zeros = mean_of(train, "frac_zero_adv_trained")  # what was trained: replay or dynamic sampling fill slots
+        trained = (f"replay or resampling filled most of their slots ({zeros:.0%} of the trained samples had "
+                   "advantage 0)" if zeros < no_spread / 2 else f"{zeros:.0%} of the trained samples taught nothing")
+        lines.append(f"{no_spread:.0%} of groups had no reward spread, so their advantages were 0; {trained}. Raise "
+                     "--num_generations or --temperature" + (
                          ", or try --dynamic_sampling or --replay_buffer_class SSRReplayBuffer." if plain else "."))
     ends = [np.array([r["reward"] for r in part if math.isfinite(r.get("reward", math.nan))])
             for part in (train[:quarter], train[-quarter:])]
@@ -1763,10 +1766,18 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
             lines.append(f"the training reward did not move: {ends[0].mean():.3g} over the first quarter of the steps "
                          f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
                          f"another --learning_rate (this run: {cfg.learning_rate:g}).")
-    for kind, key in (("greedy", "eval_greedy_reward"), ("sampled", "eval_reward")):
-        if len(values := [r[key] for r in evals if key in r]) > 1 and max(values) - min(values) < 1e-9:
-            lines.append(f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps "
-                         f"{evals[0]['step']} to {evals[-1]['step']}): the policy did not change what it answers.")
+    for kind, prefix in (("greedy", "eval_greedy_"), ("sampled", "eval_")):
+        values = [r[prefix + "reward"] for r in evals if prefix + "reward" in r]
+        if len(values) < 2 or max(values) - min(values) > 1e-9:
+            continue
+        lengths = [r.get(prefix + "completion_length", math.nan) for r in evals if prefix + "reward" in r]
+        changed = not max(lengths) - min(lengths) < 1e-9  # (NaN: not measured, so not known to be the same)
+        lines.append(f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps {evals[0]['step']} "
+                     f"to {evals[-1]['step']}), " + (
+                         f"while its answers changed (mean length {lengths[0]:.3g} -> {lengths[-1]:.3g} tokens): the "
+                         "change did not reach the reward." if changed else
+                         f"and so was their mean length ({lengths[0]:.3g} tokens): nothing shows the policy changed "
+                         "what it answers."))
     trained = [r for r in train if "grad_norm" in r and not r.get("skipped_empty")]
     if (zeros := sum(r["grad_norm"] == 0 for r in trained)) > ZERO_GRAD * len(trained):
         lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
@@ -1781,12 +1792,19 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
     return [f"health: {line}" for line in lines]
 
 
-def replay_line(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
-    if BUFFER_CLASSES[cfg.replay_buffer_class] != "SSRReplayBuffer" or not rows:
+def summary_lines(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
+    """A run's closing figures, the ones the README quotes: the training reward's first and last 10-step means, and
+    with SSR what replay did."""
+    if not rows:
         return []
-    return [f"replay (SSR, {cfg.ssr_mode}) over {len(rows)} steps: {mean_of(rows, 'replay_frac'):.1%} of trained "
-            f"samples replayed (replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
-            f"{mean_of(rows, 'frac_reward_zero_std'):.1%} of groups had no reward spread"]
+    n = min(10, len(rows))
+    lines = [f"training reward, mean of {n} steps: {mean_of(rows[:n], 'reward'):.3g} at the start, "
+             f"{mean_of(rows[-n:], 'reward'):.3g} at the end ({len(rows)} steps)"]
+    if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
+        lines.append(f"replay (SSR, {cfg.ssr_mode}): {mean_of(rows, 'replay_frac'):.1%} of trained samples replayed "
+                     f"(replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
+                     f"{mean_of(rows, 'frac_reward_zero_std'):.1%} of groups had no reward spread")
+    return lines
 
 
 # --- The output folder: metrics, plots, the saved model; a run removes only what a run writes -------------------------

@@ -37,7 +37,8 @@ def test_groups_without_spread_and_a_zero_gradient_are_named(cfg_factory):
     """A constant reward: every group has zero spread, every advantage is 0, and so is every gradient."""
     report = run(cfg_factory, reward_funcs=constant)
     assert names(report) == ["no_spread", "zero_grad"]
-    assert any("100% of groups had no reward spread" in line for line in report)
+    assert any("100% of groups had no reward spread, so their advantages were 0; 100% of the trained samples taught "
+               "nothing" in line for line in report)
     assert any("exactly 0 on 12 of 12 trained steps" in line for line in report)
 
 
@@ -72,6 +73,25 @@ def test_non_finite_steps_are_named(cfg_factory, monkeypatch):
         *real(*a, **kw)))
     report = run(cfg_factory, max_steps=3)
     assert any("3 step(s) made no update: a non-finite loss or gradient" in line for line in report), report
+
+
+def test_held_out_answers_that_change_without_changing_the_score_are_not_called_unchanged():
+    """The trial's run: the greedy completions went from 64 tokens to 1 (EOS first) and both scored -20."""
+    evals = [{"step": s, "eval_reward": r, "eval_completion_length": 30.0, "eval_greedy_reward": -20.0,
+              "eval_greedy_completion_length": n} for s, r, n in ((0, -31.6, 64.0), (50, -12.1, 1.0), (100, -12.0, 1.0))]
+    report = g.health_report([], evals, g.GRPOConfig())
+    assert report == ["health: the held-out greedy reward was -20 at every evaluation (steps 0 to 100), while its "
+                      "answers changed (mean length 64 -> 1 tokens): the change did not reach the reward."]
+    same = [dict(e, eval_greedy_completion_length=64.0) for e in evals]
+    assert "nothing shows the policy changed what it answers" in g.health_report([], same, g.GRPOConfig())[0]
+
+
+@pytest.mark.slow
+def test_groups_without_spread_that_replay_filled_are_not_called_taught_nothing(cfg_factory):
+    """SSR fill puts a replayed sample in each zero-advantage slot: those slots did train."""
+    report = run(cfg_factory, reward_funcs="reward_len_binary", replay_buffer_class="SSRReplayBuffer")
+    line = next(l for l in report if "no reward spread" in l)
+    assert "replay or resampling filled most of their slots" in line and "taught nothing" not in line, line
 
 
 def test_the_thresholds_decide(monkeypatch):

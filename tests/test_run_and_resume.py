@@ -379,24 +379,29 @@ def test_plot_is_skipped_with_a_note_without_matplotlib(cfg_factory, monkeypatch
     assert "matplotlib is not installed" in capsys.readouterr().err
 
 
-def test_the_end_of_a_run_says_what_replay_did(tmp_path, capsys, keep_threads):
+def test_the_end_of_a_run_prints_its_reward_and_what_replay_did(tmp_path, capsys, keep_threads):
+    """The closing lines carry the figures the README quotes, computed from metrics.jsonl."""
     assert g.main(["--output_dir", str(tmp_path / "o"), "--replay_buffer_class", "SSRReplayBuffer", *SMALL]) == 0
-    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith("replay ")]
+    printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith(("replay ", "training reward"))]
     rows = training_rows(tmp_path / "o")
     mean = lambda key: sum(r[key] for r in rows) / len(rows)
-    assert printed == [f"replay (SSR, fill) over 2 steps: {mean('replay_frac'):.1%} of trained samples replayed "
+    assert printed == [f"training reward, mean of 2 steps: {mean('reward'):.3g} at the start, {mean('reward'):.3g} "
+                       "at the end (2 steps)",
+                       f"replay (SSR, fill): {mean('replay_frac'):.1%} of trained samples replayed "
                        f"(replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
                        f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"], printed
     ssr = g.GRPOConfig(replay_buffer_class="SSRReplayBuffer")
-    rows = [{"replay_frac": 0.4, "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5},
-            {"replay_frac": 0.2, "frac_zero_adv_trained": 0.1, "frac_reward_zero_std": 0.25}]
-    assert g.replay_line(rows, ssr) == ["replay (SSR, fill) over 2 steps: 30.0% of trained samples replayed "
-                                        "(replay_frac), 5.0% trained with advantage 0; 37.5% of groups had no "
-                                        "reward spread"]
-    assert g.replay_line(rows, g.GRPOConfig(replay_buffer_class="ssr", ssr_mode="replace"))[0].startswith(
-        "replay (SSR, replace) over 2 steps: ")
-    assert g.replay_line(rows, g.GRPOConfig()) == []  # plain GRPO replays nothing: no line
-    assert g.replay_line([], ssr) == []
+    rows = [{"reward": -30.0 + i, "replay_frac": 0.4, "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5}
+            for i in range(11)] + [{"reward": -10.0, "replay_frac": 0.2, "frac_zero_adv_trained": 0.6,
+                                    "frac_reward_zero_std": 0.8}]
+    assert g.summary_lines(rows, ssr) == [  # the first 10 rewards -30..-21; the last -28..-20 and -10, mean -22.6
+        "training reward, mean of 10 steps: -25.5 at the start, -22.6 at the end (12 steps)",
+        "replay (SSR, fill): 38.3% of trained samples replayed (replay_frac), 5.0% trained with advantage 0; 52.5% "
+        "of groups had no reward spread"]  # (11 x 0.4 + 0.2) / 12, 0.6 / 12, (11 x 0.5 + 0.8) / 12
+    assert g.summary_lines(rows, g.GRPOConfig(replay_buffer_class="ssr", ssr_mode="replace"))[1].startswith(
+        "replay (SSR, replace): ")
+    assert len(g.summary_lines(rows, g.GRPOConfig())) == 1  # plain GRPO replays nothing: the reward line only
+    assert g.summary_lines([], ssr) == []
 
 
 def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
