@@ -727,8 +727,9 @@ class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
     dynamic_sampling: bool = _opt(False, "DAPO's baseline: train only groups with reward spread, generating more.")
     model: str = _opt("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
-    dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), arithmetic or arithmetic:1,2,3 (sums), a Hub id, "
-                                   "or a local .json/.jsonl/.csv/.parquet file.")
+    dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), builtin_chat (the same as chat messages, for an "
+                                   "instruct model), arithmetic or arithmetic:1,2,3 (sums), a Hub id, or a local "
+                                   ".json/.jsonl/.csv/.parquet file.")
     dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
     prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or chat messages for the chat template.")
     reward_funcs: str = _opt("reward_len", "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
@@ -1147,11 +1148,13 @@ BUILTIN_HELDOUT_POSTS = [
 ]
 
 
-def builtin_prompts(heldout: bool = False) -> list[dict]:
-    """TL;DR-style prompts, made in code so the default run downloads nothing: 36 for training, 12 held out."""
+def builtin_prompts(heldout: bool = False, chat: bool = False) -> list[dict]:
+    """TL;DR-style prompts, made in code so the default run downloads nothing: 36 for training, 12 held out. `chat`:
+    each as one user message, as TRL's conversational data sets, so an instruct model gets its chat template."""
     posts = BUILTIN_HELDOUT_POSTS if heldout else BUILTIN_POSTS
-    return [{"prompt": f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"} for i, post in enumerate(posts)
-            for j, sub in enumerate(BUILTIN_SUBREDDITS) if (i + j) % 2 == 0]  # each post under three subreddits
+    texts = [f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:" for i, post in enumerate(posts)
+             for j, sub in enumerate(BUILTIN_SUBREDDITS) if (i + j) % 2 == 0]  # each post under three subreddits
+    return [{"prompt": [{"role": "user", "content": t}] if chat else t} for t in texts]
 
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
@@ -1192,8 +1195,8 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
 
 def task_prompts(name: str, heldout: bool = False) -> Optional[list[dict]]:
     """The rows of a task made in code (builtin, arithmetic:LEVELS), or its held-out split; None for other names."""
-    if name == "builtin":
-        return builtin_prompts(heldout)
+    if name in ("builtin", "builtin_chat"):
+        return builtin_prompts(heldout, chat=name == "builtin_chat")
     return arithmetic_prompts(levels, heldout) if (levels := arithmetic_levels(name)) else None
 
 
@@ -1799,7 +1802,8 @@ def summary_lines(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
         return []
     n = min(10, len(rows))
     lines = [f"training reward, mean of {n} steps: {mean_of(rows[:n], 'reward'):.3g} at the start, "
-             f"{mean_of(rows[-n:], 'reward'):.3g} at the end ({len(rows)} steps)"]
+             f"{mean_of(rows[-n:], 'reward'):.3g} at the end; truncated completions "
+             f"{mean_of(rows[:n], 'frac_truncated'):.0%} -> {mean_of(rows[-n:], 'frac_truncated'):.0%} ({len(rows)} steps)"]
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
         lines.append(f"replay (SSR, {cfg.ssr_mode}): {mean_of(rows, 'replay_frac'):.1%} of trained samples replayed "
                      f"(replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "

@@ -2,8 +2,11 @@
 Part I keeps to its budget."""
 import ast
 import re
+import shlex
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, cli
 
 
 def reading_map(source: str) -> str:
@@ -32,3 +35,21 @@ def test_readme_reading_map_matches_the_file():
     assert expected in readme, "README's reading map is stale; it should read:\n" + expected
     part2 = next(i for i, line in enumerate(source.splitlines(), 1) if line.startswith("# Part II"))
     assert f"lines 1-{part2 - 2}" in readme
+
+
+def quick_start_commands() -> list[str]:
+    """The `python grpo_ssr.py` commands of the README's quick start, as written (continuation lines joined)."""
+    section = (ROOT / "README.md").read_text().split("## Quick start")[1].split("\n## ")[0]
+    text = "\n".join(re.findall(r"```bash\n(.*?)```", section, re.S)).replace("\\\n", " ")
+    return [line.split(" #")[0].strip() for line in text.splitlines() if line.startswith("python grpo_ssr.py")]
+
+
+@pytest.mark.slow
+def test_quick_start_commands_run_one_after_another_in_one_folder(tmp_path):
+    """As a newcomer pastes them: each must start, not collide with the run before it. One step each (the flags are
+    appended, so they win): the full runs are the default run's test and the benchmarks'."""
+    commands = quick_start_commands()
+    assert len(commands) == 4 and commands[0] == "python grpo_ssr.py"
+    for command in commands:
+        proc = cli([*shlex.split(command)[2:], "--max_steps", "1", "--eval_steps", "0"], cwd=tmp_path, timeout=600)
+        assert proc.returncode == 0, f"{command}: {proc.stderr[-1000:]}"

@@ -70,6 +70,13 @@ def test_dropout_is_disabled_in_the_policy(cfg_factory, disable):
 
 # --- the built-in and the arithmetic tasks, and their held-out splits -------------------------------------------------
 
+def test_builtin_chat_is_the_same_posts_as_one_user_message_each():
+    """The seed's job for an instruct model: the TL;DR posts through its chat template, as TRL's conversational sets."""
+    for heldout in (False, True):
+        plain, chat = g.builtin_prompts(heldout), g.load_prompts("builtin_chat", "test" if heldout else "train")
+        assert [[{"role": "user", "content": r["prompt"]}] for r in plain] == [r["prompt"] for r in chat]
+
+
 def test_builtin_held_out_posts_are_not_in_training():
     train, held = g.builtin_prompts(), g.builtin_prompts(heldout=True)
     assert len(train) == 36 and len(held) == 12

@@ -385,17 +385,20 @@ def test_the_end_of_a_run_prints_its_reward_and_what_replay_did(tmp_path, capsys
     printed = [l for l in capsys.readouterr().out.splitlines() if l.startswith(("replay ", "training reward"))]
     rows = training_rows(tmp_path / "o")
     mean = lambda key: sum(r[key] for r in rows) / len(rows)
+    truncated = f"{mean('frac_truncated'):.0%}"
     assert printed == [f"training reward, mean of 2 steps: {mean('reward'):.3g} at the start, {mean('reward'):.3g} "
-                       "at the end (2 steps)",
+                       f"at the end; truncated completions {truncated} -> {truncated} (2 steps)",
                        f"replay (SSR, fill): {mean('replay_frac'):.1%} of trained samples replayed "
                        f"(replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
                        f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"], printed
     ssr = g.GRPOConfig(replay_buffer_class="SSRReplayBuffer")
-    rows = [{"reward": -30.0 + i, "replay_frac": 0.4, "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5}
-            for i in range(11)] + [{"reward": -10.0, "replay_frac": 0.2, "frac_zero_adv_trained": 0.6,
-                                    "frac_reward_zero_std": 0.8}]
+    rows = [{"reward": -30.0 + i, "frac_truncated": 0.5 if i < 2 else 0.0, "replay_frac": 0.4,
+             "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5} for i in range(11)]
+    rows.append({"reward": -10.0, "frac_truncated": 0.0, "replay_frac": 0.2, "frac_zero_adv_trained": 0.6,
+                 "frac_reward_zero_std": 0.8})
     assert g.summary_lines(rows, ssr) == [  # the first 10 rewards -30..-21; the last -28..-20 and -10, mean -22.6
-        "training reward, mean of 10 steps: -25.5 at the start, -22.6 at the end (12 steps)",
+        "training reward, mean of 10 steps: -25.5 at the start, -22.6 at the end; truncated completions 10% -> 0% "
+        "(12 steps)",
         "replay (SSR, fill): 38.3% of trained samples replayed (replay_frac), 5.0% trained with advantage 0; 52.5% "
         "of groups had no reward spread"]  # (11 x 0.4 + 0.2) / 12, 0.6 / 12, (11 x 0.5 + 0.8) / 12
     assert g.summary_lines(rows, g.GRPOConfig(replay_buffer_class="ssr", ssr_mode="replace"))[1].startswith(
