@@ -5,15 +5,16 @@ of completions, scores them, and raises the log-probability of those that beat t
 value network). A group whose completions all get the same reward has advantages 0 and teaches nothing. SSR
 (VL-Rethinker, arXiv 2504.08837) keeps samples with a non-zero advantage and replays them with P ~ |advantage|^alpha.
 
-Part I, the algorithm, runs alone: `GRPOStep` owns a run's state and takes one optimizer step at a time. Part II runs
-it for real (models, data, evaluation, checkpoints, torchrun, the CLI) and uses Part I, never the reverse.
+Part I is the algorithm: one optimizer step, `GRPOStep.train_step`, read top to bottom. Part II runs it for real
+(models, data, evaluation, checkpoints, torchrun, the CLI) and uses Part I, never the reverse.
 
-    python grpo_ssr.py            # plain GRPO: the tiny model on built-in prompts, about a minute on a laptop CPU
+    python grpo_ssr.py            # plain GRPO: the tiny model on built-in prompts, nothing to download
     python grpo_ssr.py --replay_buffer_class SSRReplayBuffer --reward_funcs reward_len_binary   # where SSR matters
     python grpo_ssr.py --model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy
 
-Left out on purpose: vLLM, DeepSpeed, FSDP, PEFT, reward models, entropy and truncation masking. The README says where
-this file departs from TRL, from the pull request it grew from, and from the paper.
+Left out on purpose: vLLM, DeepSpeed, FSDP, PEFT, reward models, entropy and truncation masking. Where this file
+departs from the paper, a comment that starts with "Departure" says so; the README compares it with TRL, with the
+pull request it grew from, and with the paper's released code.
 """
 
 from __future__ import annotations
@@ -32,49 +33,62 @@ import torch
 import torch.nn.functional as F
 
 # ======================================================================================================================
-# Part I: the algorithm. One GRPO + SSR step, in the order it runs.
+# Part I: the algorithm. One optimizer step, `GRPOStep.train_step` (section 7), does in order:
+#   1. sample a group of num_generations completions for each prompt, with the policy    generate_completions
+#   2. score each completion with the reward functions                                      score_generations
+#   3. advantage: each reward minus its group's mean, over the group's std                 group_advantages
+#   4. the buffer keeps the samples; the step's micro-batches come from it                 ReplayBuffer, assemble
+#   5. per micro-batch: log-probs now and when sampled, the clipped loss, backward         per_token_logps, grpo_loss
+#   6. clip the gradient norm and take one AdamW step
+# Steps 1-3 run every num_iterations steps (GRPO's mu), or again when there is nothing to train on.
 # ======================================================================================================================
 
 # 0. The settings of the algorithm; GRPOConfig, in Part II, adds those of running it. Names follow TRL's.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-BUFFER_CLASSES = {"ReplayBuffer": "ReplayBuffer", "uniform": "ReplayBuffer",
-                  "SSRReplayBuffer": "SSRReplayBuffer", "ssr": "SSRReplayBuffer"}
+BUFFER_CLASSES = {
+    "ReplayBuffer": "ReplayBuffer",
+    "uniform": "ReplayBuffer",
+    "SSRReplayBuffer": "SSRReplayBuffer",
+    "ssr": "SSRReplayBuffer",
+}
 SSR_MODES = ("replace", "fill")
 
 
-def _opt(default, help: str):
+def setting(default, help: str):
+    """A config field with its --help text."""
     return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class AlgorithmConfig:
-    num_generations: int = _opt(8, "Completions sampled per prompt: the group (TRL's default 8).")
-    max_prompt_length: int = _opt(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
-    max_completion_length: int = _opt(64, "Most tokens per completion (TRL's default is 512; 64 fits reward_len).")
-    temperature: float = _opt(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
-    scale_rewards: str = _opt("group", "Divide advantages by the std + 1e-4 of the group (group), batch, or none.")
-    loss_type: str = _opt("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's default).")
-    epsilon: float = _opt(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
-    epsilon_high: Optional[float] = _opt(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO: 0.28).")
-    beta: float = _opt(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it.")
-    use_bias_correction_kl: bool = _opt(True, "Multiply k3 by pi / pi_old: its gradient is then the reverse KL's.")
-    per_device_train_batch_size: int = _opt(16, "Completions per micro-batch (one forward/backward).")
-    gradient_accumulation_steps: int = _opt(1, "Micro-batches per optimizer step; a generation batch holds one step's.")
-    num_iterations: int = _opt(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
-    learning_rate: float = _opt(1e-3, "AdamW's peak rate, decayed linearly to 0; 1e-3 suits the tiny model.")
-    warmup_steps: int = _opt(0, "Linear warm-up steps before the decay (HF's schedule); 0 skips it.")
-    weight_decay: float = _opt(0.0, "AdamW weight decay (TRL's default 0).")
-    max_grad_norm: float = _opt(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
-    max_steps: int = _opt(250, "Optimizer steps; 250 teach the tiny model in about a minute on a laptop CPU.")
-    skip_empty_steps: bool = _opt(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
-    replay_buffer_class: str = _opt("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO; SSRReplayBuffer (or ssr).")
-    ssr_capacity_scalar: int = _opt(4, "SSR buffer capacity, in generation batches.")
-    ssr_alpha: float = _opt(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha; 0 draws uniformly.")
-    ssr_mode: str = _opt("fill", "fill: draws take only the zero-advantage slots; replace: every sample is drawn.")
-    ssr_max_age: Optional[int] = _opt(None, "SSR: never draw, and evict, a sample more than this many steps old.")
-    ssr_age_decay: float = _opt(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0: no decay.")
-    max_generation_retries: int = _opt(3, "Extra generation batches a step may make to have something to train on.")
+    num_generations: int = setting(8, "Completions sampled per prompt: the group (TRL's default 8).")
+    max_prompt_length: int = setting(512, "Prompts are left-truncated to this many tokens (TRL's default 512).")
+    max_completion_length: int = setting(64, "Most tokens per completion (TRL's default is 512; 64 fits reward_len).")
+    temperature: float = setting(1.0, "Sampling temperature, the one the log-probs use too; no top-k, no top-p.")
+    scale_rewards: str = setting("group", "Divide advantages by the std + 1e-4 of the group (group), batch, or none.")
+    loss_type: str = setting("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's).")
+    epsilon: float = setting(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
+    epsilon_high: Optional[float] = setting(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO 0.28).")
+    beta: float = setting(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it.")
+    use_bias_correction_kl: bool = setting(True, "Multiply k3 by pi / pi_old: its gradient is then the reverse KL's.")
+    per_device_train_batch_size: int = setting(16, "Completions per micro-batch (one forward/backward).")
+    gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step; a generation batch fills them.")
+    num_iterations: int = setting(1, "Optimizer steps per generation batch: GRPO's mu (TRL's default 1).")
+    learning_rate: float = setting(1e-3, "AdamW's peak rate, decayed linearly to 0; 1e-3 suits the tiny model.")
+    warmup_steps: int = setting(0, "Linear warm-up steps before the decay (HF's schedule); 0 skips it.")
+    weight_decay: float = setting(0.0, "AdamW weight decay (TRL's default 0).")
+    max_grad_norm: float = setting(1.0, "Clip the global gradient norm to this (TRL's default 1.0).")
+    max_steps: int = setting(250, "Optimizer steps; 250 teach the tiny model the length reward.")
+    skip_empty_steps: bool = setting(False, "No AdamW update on a step whose every advantage is 0 (with beta 0).")
+    dynamic_sampling: bool = setting(False, "DAPO's baseline: train only groups with reward spread, generating more.")
+    replay_buffer_class: str = setting("ReplayBuffer", "ReplayBuffer (or uniform): plain GRPO; SSRReplayBuffer (ssr).")
+    ssr_capacity_scalar: int = setting(4, "SSR buffer capacity, in generation batches.")
+    ssr_alpha: float = setting(1.0, "SSR priority exponent: P(i) ~ |A_i|^alpha; 0 draws uniformly.")
+    ssr_mode: str = setting("fill", "fill: draws take only the zero-advantage slots; replace: every sample is drawn.")
+    ssr_max_age: Optional[int] = setting(None, "SSR: never draw, and evict, a sample more than this many steps old.")
+    ssr_age_decay: float = setting(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0: no decay.")
+    max_generation_retries: int = setting(3, "Extra generation batches a step may make to have something to train on.")
 
     @property
     def generation_batch_size(self) -> int:
@@ -83,10 +97,20 @@ class AlgorithmConfig:
 
 # 1. Sampling: temperature only, so the completions come from exactly the distribution the loss describes.
 
+
 @torch.no_grad()
-def generate_completions(model, tokenizer, prompts: list[str], num_generations: int, max_prompt_length: int,
-                         max_completion_length: int, temperature: float = 1.0, add_special_tokens: bool = True,
-                         greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict[str, torch.Tensor]:
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: list[str],
+    num_generations: int,
+    max_prompt_length: int,
+    max_completion_length: int,
+    temperature: float = 1.0,
+    add_special_tokens: bool = True,
+    greedy: bool = False,
+    eos_ids: Optional[list[int]] = None,
+) -> dict[str, torch.Tensor]:
     """Sample `num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group): left-padded
     prompts, right-padded completions. A plain KV-cache loop rather than `model.generate`, so that the sampling rule
     is exactly `sample_next_token`. `greedy`: the most likely token instead (held-out evaluation)."""
@@ -98,30 +122,43 @@ def generate_completions(model, tokenizer, prompts: list[str], num_generations: 
 def prefill(model, tokenizer, prompts: list[str], max_prompt_length: int, add_special_tokens: bool = True) -> dict:
     """Run each prompt through the model once: its left-padded ids and mask, positions, KV cache, next-token logits."""
     device = next(model.parameters()).device
-    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens,
-                    return_tensors="pt")
-    ids = enc.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
-    mask = enc.attention_mask[:, -max_prompt_length:].to(device)
+    encoded = tokenizer(
+        prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens, return_tensors="pt"
+    )
+    ids = encoded.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
+    mask = encoded.attention_mask[:, -max_prompt_length:].to(device)
     positions = positions_from_mask(mask)  # (P, Tp)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    return {"ids": ids, "mask": mask, "positions": positions, "cache": out.cache, "logits": out.logits[:, -1]}  # (P, V)
+    return {"ids": ids, "mask": mask, "positions": positions, "cache": out.cache, "logits": out.logits[:, -1]}
 
 
 @torch.no_grad()
-def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completion_length: int,
-           temperature: float = 1.0, greedy: bool = False, eos_ids: Optional[list[int]] = None) -> dict:
+def decode(
+    model,
+    tokenizer,
+    prefilled: dict,
+    num_generations: int,
+    max_completion_length: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    eos_ids: Optional[list[int]] = None,
+) -> dict:
     """Repeat each prompt's cache G times and sample token by token. It grows the cache in place: to draw from the
     same prompts twice, decode a `copy.deepcopy` of `prefill`'s output."""
-    prompt_ids, prompt_mask, positions, cache = (prefilled[k] for k in ("ids", "mask", "positions", "cache"))
-    G, pad, device = num_generations, tokenizer.pad_token_id, prompt_ids.device
+    G = num_generations
+    pad = tokenizer.pad_token_id
+    device = prefilled["ids"].device
     eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
+    cache = prefilled["cache"]
     cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
     logits = prefilled["logits"].repeat_interleave(G, dim=0)  # (B, V), B = P * G
-    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(G, dim=0), prompt_mask.repeat_interleave(G, dim=0)
+    prompt_ids = prefilled["ids"].repeat_interleave(G, dim=0)  # (B, Tp)
+    prompt_mask = prefilled["mask"].repeat_interleave(G, dim=0)
+    B, Tp = prompt_ids.shape
+    C = max_completion_length
     # One token for every row per forward pass. The mask is allocated once and read through growing views.
-    B, Tp, C = *prompt_ids.shape, max_completion_length
     mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, C)], dim=1)  # (B, Tp + C)
-    first_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): where completion token 0 sits
+    first_position = prefilled["positions"][:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): completion token 0's
     completion_ids = prompt_ids.new_full((B, C), pad)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
     for t in range(C):
@@ -131,11 +168,21 @@ def decode(model, tokenizer, prefilled: dict, num_generations: int, max_completi
         ended |= torch.isin(token, eos)
         if t == C - 1 or bool(ended.all()):
             break
-        logits = model(input_ids=token[:, None], attention_mask=mask[:, :Tp + t + 1], position_ids=first_position + t,
-                       use_cache=True, cache=cache).logits[:, -1]  # (B, V): predicts token t + 1
-    completion_ids = completion_ids[:, :t + 1]  # (B, Tc); Tc < C when every row hit EOS early
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist())}
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=mask[:, : Tp + t + 1],
+            position_ids=first_position + t,
+            use_cache=True,
+            cache=cache,
+        )
+        logits = out.logits[:, -1]  # (B, V): predicts token t + 1
+    completion_ids = completion_ids[:, : t + 1]  # (B, Tc); Tc < C when every row hit EOS early
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask_from_eos(completion_ids, eos.tolist()),
+    }
 
 
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -170,43 +217,58 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
     """Plain prompts pass through; chat prompts (lists of messages) go through the chat template."""
-    return [r["prompt"] if isinstance(r["prompt"], str) else
-            tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    return [
+        row["prompt"]
+        if isinstance(row["prompt"], str)
+        else tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        for row in rows
+    ]
 
 
 # 2. The reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) each.
 
+
 def reward_len(completions: list, **kwargs) -> list[float]:
-    """The seed's reward: -|20 - number of characters|. Best possible is 0, a 20-character completion."""
-    return [-float(abs(20 - len(_text(c)))) for c in completions]
+    """-|20 - number of characters|: best possible is 0, a 20-character completion (the seed's example)."""
+    return [-float(abs(20 - len(completion_text(c)))) for c in completions]
 
 
-def _text(completion) -> str:
+def completion_text(completion) -> str:
     """A completion is a string, or (for chat prompts) a list with one assistant message."""
     return completion if isinstance(completion, str) else completion[0]["content"]
 
 
-def score_generations(batch: dict[str, torch.Tensor], rows: list[dict], num_generations: int, tokenizer,
-                      reward_funcs: list[Callable], weights: list[float]) -> tuple[torch.Tensor, torch.Tensor, list]:
+def score_generations(
+    batch: dict[str, torch.Tensor],
+    rows: list[dict],
+    num_generations: int,
+    tokenizer,
+    reward_funcs: list[Callable],
+    weights: list[float],
+) -> tuple[torch.Tensor, torch.Tensor, list]:
     """Decode a batch and score it: the weighted rewards (B,), each function's scores (B, F) and the completions. Each
     function gets the data set's columns, one entry per completion, and TRL's `completion_ids`. None or NaN is "no
     score": left out of the weighted sum; a completion no function scores gets NaN (as in TRL)."""
     mask = batch["completion_mask"]
-    texts = tokenizer.batch_decode(batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask),
-                                   skip_special_tokens=True)
-    completions = [t if isinstance(rows[0]["prompt"], str) else [{"role": "assistant", "content": t}] for t in texts]
-    repeated = [r for r in rows for _ in range(num_generations)]
-    columns = {k: [r[k] for r in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
+    padded = batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask)
+    texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
+    chat = not isinstance(rows[0]["prompt"], str)
+    completions = [[{"role": "assistant", "content": t}] if chat else t for t in texts]
+    repeated = [row for row in rows for _ in range(num_generations)]
+    columns = {k: [row[k] for row in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
-    scores = [f(completions=completions, prompts=[r["prompt"] for r in repeated], **columns) for f in reward_funcs]
-    per_func = torch.tensor([[math.nan if r is None else float(r) for r in out] for out in scores],
-                            dtype=torch.float64).T  # (B, F)
-    rewards = (per_func * torch.tensor(weights, dtype=torch.float64)).nansum(dim=1)  # (B,)
-    rewards[per_func.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
-    return rewards.float(), per_func, completions
+    prompts = [row["prompt"] for row in repeated]
+    scores = [f(completions=completions, prompts=prompts, **columns) for f in reward_funcs]
+    per_function = torch.tensor(
+        [[math.nan if r is None else float(r) for r in out] for out in scores], dtype=torch.float64
+    ).T  # (B, F)
+    rewards = (per_function * torch.tensor(weights, dtype=torch.float64)).nansum(dim=1)  # (B,)
+    rewards[per_function.isnan().all(dim=1)] = math.nan  # unscorable: nansum would make it a real 0
+    return rewards.float(), per_function, completions
 
 
 # 3. Advantages: each completion's reward relative to its own group.
+
 
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool | str = "group") -> torch.Tensor:
     """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group"), by the whole batch's std + 1e-4 ("batch") or
@@ -239,12 +301,22 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 # 4. Log-probabilities of the completion tokens, at the sampling temperature.
 
-def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs of the last `logits_to_keep` tokens, all logits at once (lean_logps chunks them). (B, T) -> (B, C)"""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask),
-                   logits_to_keep=logits_to_keep + 1, use_cache=False).logits  # (B, C+1, V)
-    return selective_log_softmax(logits[:, :-1].float() / temperature, input_ids[:, -logits_to_keep:])
+
+def per_token_logps(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-probs of the last `logits_to_keep` tokens, all logits at once (Part II's lean_logps chunks them).
+    (B, T) -> (B, C)"""
+    positions = positions_from_mask(attention_mask)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        logits_to_keep=logits_to_keep + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # (B, C, V): the logits at position t predict token t + 1
+    return selective_log_softmax(logits.float() / temperature, input_ids[:, -logits_to_keep:])
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -253,61 +325,62 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-class LogProbs(torch.nn.Module):
-    """per_token_logps (or another `logps` of its signature) as a module, so that DDP can wrap it: DDP syncs the
-    gradients of what runs through forward."""
-
-    def __init__(self, model, temperature: float = 1.0, logps: Callable = per_token_logps):
-        super().__init__()
-        self.model, self.temperature, self.logps = model, temperature, logps
-
-    def forward(self, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
-        return self.logps(self.model, input_ids, attention_mask, logits_to_keep, self.temperature)
-
-
 # 5. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
 
-def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
-              completion_mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: Optional[float] = None,
-              beta: float = 0.0, ref_per_token_logps: Optional[torch.Tensor] = None, loss_type: str = "dapo",
-              use_bias_correction_kl: bool = True, max_completion_length: Optional[int] = None,
-              num_micro_batches: int = 1, num_items_in_batch: Optional[float] = None,
-              micro_batch_tokens: Optional[float] = None,
-              num_sequences: Optional[int] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: Optional[float] = None,
+    beta: float = 0.0,
+    ref_logps: Optional[torch.Tensor] = None,
+    loss_type: str = "dapo",
+    use_bias_correction_kl: bool = True,
+    max_completion_length: Optional[int] = None,
+    num_micro_batches: int = 1,
+    num_items_in_batch: Optional[float] = None,
+    micro_batch_tokens: Optional[float] = None,
+    num_sequences: Optional[int] = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
 
     Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
-      grpo:    each sequence's token count, then num_sequences, the step's rows (mean of sequence means)
+      grpo:    each sequence's token count, then num_sequences, the step's sequences (mean of sequence means)
       bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches (exact for equal micro-batches)
       dr_grpo: num_sequences * max_completion_length (a constant: no length bias)
       dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
-    num_sequences defaults to B * num_micro_batches; a part batch passes its own, so that every row weighs the same.
+    num_sequences defaults to B * num_micro_batches; a part batch passes its own, so that every sequence weighs the same.
     The KL term is k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi /
     pi_old, which makes its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
-    mask = completion_mask.to(per_token_logps.dtype)
-    live = completion_mask.bool()
+    mask = completion_mask.to(logps.dtype)
+    real = completion_mask.bool()  # the completion's tokens, not its padding
     # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
     # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
-    log_ratio = torch.where(live, per_token_logps - old_per_token_logps, 0.0)  # (B, C)
+    log_ratio = torch.where(real, logps - old_logps, 0.0)  # (B, C)
     ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
     adv = advantages[:, None]  # (B, 1)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
     stats = {}
     if beta > 0:
-        delta = torch.where(live, ref_per_token_logps - per_token_logps, 0.0)  # (B, C); 0 at padded slots
+        delta = torch.where(real, ref_logps - logps, 0.0)  # (B, C); 0 at padded slots
         kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
         per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
         stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
-    total, rows = (per_token_loss * mask).sum(), num_sequences or mask.size(0) * num_micro_batches
+    total = (per_token_loss * mask).sum()
+    sequences = num_sequences or mask.size(0) * num_micro_batches
     if loss_type == "grpo":
-        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / rows
+        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / sequences
     elif loss_type == "bnpo":
         tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
         loss = total / tokens / num_micro_batches
     elif loss_type == "dr_grpo":
-        loss = total / (rows * max_completion_length)
+        loss = total / (sequences * max_completion_length)
     elif loss_type == "dapo":
         loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
     else:
@@ -318,6 +391,7 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, 
 
 
 # 6. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
+
 
 def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
     """A batch dict of (B, ...) tensors (or lists) as B single-sample dicts. None values stay None."""
@@ -334,24 +408,28 @@ def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
     """Drop each sample's padding, then pad all to the longest prompt (on the left) and completion (on the right):
     samples from different generation batches stack with the least padding. Log-probs follow the completion mask."""
-    def pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:  # (n,) -> (length,)
-        fill = t.new_full((length - t.size(0),), value)
-        return torch.cat([fill, t] if left else [t, fill])
 
-    logp_keys, trimmed = ("old_per_token_logps", "ref_per_token_logps"), []
+    def pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:  # (n,) -> (length,)
+        filler = t.new_full((length - t.size(0),), value)
+        return torch.cat([filler, t] if left else [t, filler])
+
+    logp_keys = ("old_per_token_logps", "ref_per_token_logps")
+    trimmed = []
     for s in samples:
-        keep_p, keep_c = s["prompt_mask"].bool(), s["completion_mask"].bool()
-        trimmed.append(dict(s, prompt_ids=s["prompt_ids"][keep_p], completion_ids=s["completion_ids"][keep_c],
-                            **{k: s[k][keep_c] for k in logp_keys if s.get(k) is not None}))
-    p_len = max(t["prompt_ids"].size(0) for t in trimmed)
-    c_len = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # keep at least one column to forward
+        keep_prompt = s["prompt_mask"].bool()
+        keep_completion = s["completion_mask"].bool()
+        t = dict(s, prompt_ids=s["prompt_ids"][keep_prompt], completion_ids=s["completion_ids"][keep_completion])
+        t.update({k: s[k][keep_completion] for k in logp_keys if s.get(k) is not None})
+        trimmed.append(t)
+    prompt_length = max(t["prompt_ids"].size(0) for t in trimmed)
+    completion_length = max(1, max(t["completion_ids"].size(0) for t in trimmed))  # at least one column to forward
+    ones = torch.ones_like(samples[0]["prompt_mask"][:1])
     for t in trimmed:
-        ones = torch.ones_like(samples[0]["prompt_mask"][:1])
-        t["prompt_mask"] = pad_to(ones.expand(t["prompt_ids"].size(0)), p_len, 0, left=True)
-        t["completion_mask"] = pad_to(ones.expand(t["completion_ids"].size(0)), c_len, 0, left=False)
-        t["prompt_ids"] = pad_to(t["prompt_ids"], p_len, padding_value, left=True)
-        t["completion_ids"] = pad_to(t["completion_ids"], c_len, padding_value, left=False)
-        t.update({k: pad_to(t[k], c_len, 0.0, left=False) for k in logp_keys if t.get(k) is not None})
+        t["prompt_mask"] = pad_to(ones.expand(t["prompt_ids"].size(0)), prompt_length, 0, left=True)
+        t["completion_mask"] = pad_to(ones.expand(t["completion_ids"].size(0)), completion_length, 0, left=False)
+        t["prompt_ids"] = pad_to(t["prompt_ids"], prompt_length, padding_value, left=True)
+        t["completion_ids"] = pad_to(t["completion_ids"], completion_length, padding_value, left=False)
+        t.update({k: pad_to(t[k], completion_length, 0.0, left=False) for k in logp_keys if t.get(k) is not None})
     return trimmed
 
 
@@ -362,9 +440,11 @@ class ReplayBuffer:
     def __init__(self, capacity: int, seed: int = 0):
         self.capacity = capacity
         self.slots: list[Optional[dict]] = [None] * capacity
-        self.next_slot = self.size = 0  # next_slot: where the next sample goes; once full, also the oldest sample
+        self.next_slot = 0  # where the next sample goes; once full, also the oldest sample
+        self.size = 0
         self.generator = torch.Generator().manual_seed(seed)
-        self.queue, self.queue_pos = torch.empty(0, dtype=torch.long), 0
+        self.queue = torch.empty(0, dtype=torch.long)  # the order of this pass's draws
+        self.queue_pos = 0
 
     def __len__(self) -> int:
         return self.size
@@ -379,7 +459,7 @@ class ReplayBuffer:
             self._store(s)
         self.queue_pos = len(self.queue)  # reset the queue: the next draw reshuffles
 
-    def can_serve(self, n: int) -> bool:
+    def can_sample(self, n: int) -> bool:
         return self.size >= n
 
     def advance_to(self, step: int) -> None:
@@ -389,8 +469,9 @@ class ReplayBuffer:
         if self.size < n:
             raise ValueError(f"{type(self).__name__} holds {self.size} samples, cannot draw {n} without replacement")
         if self.queue_pos + n > len(self.queue):
-            self.queue, self.queue_pos = torch.randperm(self.size, generator=self.generator), 0
-        idx = self.queue[self.queue_pos:self.queue_pos + n]
+            self.queue = torch.randperm(self.size, generator=self.generator)
+            self.queue_pos = 0
+        idx = self.queue[self.queue_pos : self.queue_pos + n]
         self.queue_pos += n
         return [self.slots[i] for i in idx.tolist()]
 
@@ -398,15 +479,20 @@ class ReplayBuffer:
 class SSRReplayBuffer(ReplayBuffer):
     """Selective Sample Replay: store only samples with a non-zero advantage (the others carry no gradient: counted,
     not stored); draw with replacement, P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), ages in optimizer steps against
-    the trainer's (`advance_to`), evicting those older than max_age. A draw is one torch.multinomial."""
+    the trainer's (`advance_to`), evicting those older than max_age. A draw is one torch.multinomial.
+    Departure: the paper's buffer lives for one episode (16 optimizer steps); this one is a FIFO of
+    `capacity` samples whose age is a decay (arXiv 2604.16918) and an optional limit."""
 
-    def __init__(self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None,
-                 age_decay: float = 0.0):
+    def __init__(
+        self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None, age_decay: float = 0.0
+    ):
         super().__init__(capacity, seed)
-        self.alpha, self.max_age, self.age_decay = alpha, max_age, age_decay
+        self.alpha = alpha
+        self.max_age = max_age
+        self.age_decay = age_decay
         self.priorities = torch.zeros(capacity, dtype=torch.float64)  # |A|^alpha per slot, 0 when empty
-        self.born = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
-        self.now = 0  # the optimizer step being trained; ages are counted against it
+        self.made_at = torch.zeros(capacity, dtype=torch.float64)  # the optimizer step that generated each sample
+        self.clock = 0  # the optimizer step being trained; ages are counted against it
         self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
 
     def add(self, samples: list[dict]) -> None:
@@ -415,28 +501,33 @@ class SSRReplayBuffer(ReplayBuffer):
             if adv == 0.0:
                 self.rejected += 1
                 continue
-            self.priorities[self.next_slot], self.born[self.next_slot] = adv ** self.alpha, s.get("step", self.now)
+            self.priorities[self.next_slot] = adv**self.alpha
+            self.made_at[self.next_slot] = s.get("step", self.clock)
             self._store(s)
 
     def advance_to(self, step: int) -> None:
         """Move the clock to optimizer step `step` and evict every sample older than max_age. Samples arrive in step
         order, so the too-old ones are the oldest: they leave from the tail of the ring."""
-        self.now, oldest = step, (self.next_slot - self.size) % self.capacity
-        while self.max_age is not None and self.size and step - self.born[oldest] > self.max_age:
-            self.slots[oldest], self.priorities[oldest] = None, 0.0
-            self.size, oldest = self.size - 1, (oldest + 1) % self.capacity
+        self.clock = step
+        oldest = (self.next_slot - self.size) % self.capacity
+        while self.max_age is not None and self.size and step - self.made_at[oldest] > self.max_age:
+            self.slots[oldest] = None
+            self.priorities[oldest] = 0.0
+            self.size -= 1
+            oldest = (oldest + 1) % self.capacity
 
     def _weights(self) -> torch.Tensor:
         """Every slot's draw weight (0 when empty): |A|^alpha x exp(-age / age_decay), 0 past max_age. (capacity,)
-        The decay (arXiv 2604.16918) counts from the youngest sample: the same probabilities, and no underflow."""
-        weights, age = self.priorities, self.now - self.born
+        The decay counts from the youngest sample: the same probabilities, and no underflow."""
+        weights = self.priorities
+        age = self.clock - self.made_at
         if self.age_decay > 0 and bool((weights > 0).any()):
             weights = weights * torch.exp(-(age - age[weights > 0].min()) / self.age_decay)
         if self.max_age is not None:
             weights = torch.where(age > self.max_age, 0.0, weights)
         return weights
 
-    def can_serve(self, n: int) -> bool:
+    def can_sample(self, n: int) -> bool:
         return bool(self._weights().sum() > 0)  # draws are with replacement; one drawable sample is enough
 
     def probabilities(self) -> torch.Tensor:
@@ -448,8 +539,7 @@ class SSRReplayBuffer(ReplayBuffer):
     def sample(self, n: int) -> list[dict]:
         weights = self._weights()
         if not weights.sum() > 0:
-            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old; "
-                             "generate more")
+            raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old")
         idx = torch.multinomial(weights, n, replacement=True, generator=self.generator)
         return [self.slots[i] for i in idx.tolist()]
 
@@ -457,182 +547,168 @@ class SSRReplayBuffer(ReplayBuffer):
 def make_buffer(cfg: AlgorithmConfig, seed: int = 0) -> ReplayBuffer:
     """The uniform buffer holds one generation batch; SSR holds `ssr_capacity_scalar` of them (per process)."""
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
-        return SSRReplayBuffer(cfg.generation_batch_size * cfg.ssr_capacity_scalar, cfg.ssr_alpha, seed=seed,
-                               max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
+        capacity = cfg.generation_batch_size * cfg.ssr_capacity_scalar
+        return SSRReplayBuffer(capacity, cfg.ssr_alpha, seed=seed, max_age=cfg.ssr_max_age, age_decay=cfg.ssr_age_decay)
     return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
-# 7. The step: generate, score, compute advantages, assemble the batch from the buffer, and update.
+# 7. The step: generate, score, compute advantages, assemble the micro-batches from the buffer, and update.
+
 
 class PromptSampler:
     """Walks the dataset in a fresh seeded permutation each epoch; its state is the number of prompts drawn."""
 
     def __init__(self, num_rows: int, seed: int):
-        self.num_rows, self.seed, self.drawn = num_rows, seed, 0
+        self.num_rows = num_rows
+        self.seed = seed
+        self.drawn = 0
 
     def next_indices(self, n: int) -> list[int]:
         epochs = range(self.drawn // self.num_rows, (self.drawn + n - 1) // self.num_rows + 1)
         order = np.concatenate([np.random.default_rng([self.seed, e]).permutation(self.num_rows) for e in epochs])
-        start, self.drawn = self.drawn % self.num_rows, self.drawn + n
-        return order[start:start + n].tolist()
+        start = self.drawn % self.num_rows
+        self.drawn += n
+        return order[start : start + n].tolist()
 
 
 class Dist:
-    """This process's place in a run: the only one. Part II's `Torchrun` adds torch.distributed's collectives."""
+    """This process's place in a run: the only one. Part II's `Torchrun` does the same over several processes."""
+
     world_size, rank, main = 1, 0, True
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
-        return list(values)  # each value summed (or maxed) over the processes
+        """Each value summed (or maxed) over the processes. Every process must pass as many values."""
+        return list(values)
 
     def any(self, flag: bool) -> bool:
         return bool(self.reduce([float(flag)], "max")[0])  # true on every process when true on any
 
+    def sum_gradients(self, model) -> None:
+        """Sum each gradient over the processes, once a step, after the last backward."""
+
 
 class GRPOStep:
     """A run's state and its optimizer step, from a model, its tokenizer, reward functions, a config and prompt rows
-    ({"prompt": ...} and the columns the rewards read). Each `train_step()` generates every `num_iterations` steps
-    (or when there is nothing to train on) and takes one AdamW step. Plain GRPO trains the generation batch; SSR's
-    replace draws every micro-batch from the buffer; fill trains the batch's non-zero samples and a draw in each
-    zero-advantage slot (which keeps its own sample when nothing may be drawn)."""
+    ({"prompt": ...} and the columns the rewards read). `train_step()` takes one optimizer step.
 
-    def __init__(self, model, tokenizer, reward_funcs: list[Callable], cfg: AlgorithmConfig, dataset: list[dict], *,
-                 reward_weights: Optional[list[float]] = None, buffer: Optional[ReplayBuffer] = None,
-                 optimizer: Optional[torch.optim.Optimizer] = None, scheduler=None, ref_model=None, seed: int = 0,
-                 autocast: Callable = nullcontext, dist: Optional[Dist] = None, logps: Callable = per_token_logps):
-        self.model, self.tokenizer, self.cfg, self.dataset, self.autocast = model, tokenizer, cfg, dataset, autocast
-        self.reward_funcs, self.reward_weights = list(reward_funcs), list(reward_weights or [1.0] * len(reward_funcs))
-        self.dist, self.device = Dist() if dist is None else dist, next(model.parameters()).device
+    The ratio's "old" log-probs are those of the policy that sampled each sample. A sample that trains before any
+    update since it was sampled takes them from its first training forward, detached: plain GRPO, and SSR fill at
+    num_iterations 1, where every sample first trains in the step that generated it. SSR replace (and fill at
+    num_iterations > 1) may first train a sample after an update, so a forward at generation computes them. Either
+    way the sample keeps them: a replay's ratio measures how far the policy has moved since it was sampled.
+    Departure (from the seed's pull request): it used the current log-probs, so a replay's ratio was exactly 1."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        reward_funcs: list[Callable],
+        cfg: AlgorithmConfig,
+        dataset: list[dict],
+        *,
+        reward_weights: Optional[list[float]] = None,
+        seed: int = 0,
+        autocast: Callable = nullcontext,
+        dist: Optional[Dist] = None,
+        logps: Callable = per_token_logps,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.reward_funcs = list(reward_funcs)
+        self.reward_weights = list(reward_weights or [1.0] * len(reward_funcs))
+        self.cfg = cfg
+        self.dataset = dataset
+        self.autocast = autocast  # bf16 autocast where the device has it (Part II decides)
+        self.logps = logps  # per_token_logps, or a function of its signature (Part II's leaner one)
+        self.dist = dist or Dist()
+        self.device = next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.ref_model = None if cfg.beta == 0 else ref_model if ref_model is not None else \
-            copy.deepcopy(model).eval().requires_grad_(False)  # the KL's anchor: the initial model, frozen
-        self.logprobs = self.policy = LogProbs(model, cfg.temperature, logps)  # Part II wraps `policy` in DDP
-        self.ref_logprobs = None if self.ref_model is None else LogProbs(self.ref_model, cfg.temperature, logps)
+        self.ref_model = None  # the KL's anchor, the initial model, frozen; only needed with beta > 0
+        if cfg.beta > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.prompt_sampler = PromptSampler(len(dataset), seed)
-        self.buffer = make_buffer(cfg, seed + self.dist.rank) if buffer is None else buffer  # one for each process
-        self.optimizer = optimizer if optimizer is not None else torch.optim.AdamW(
-            model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-        warm, total = cfg.warmup_steps, cfg.max_steps  # HF's linear schedule: warm up from 0, then decay to 0
-        self.scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: s / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
-        # With the uniform buffer and with fill at num_iterations 1, every sample a generation batch contributes trains
-        # in the step that made it, before any update: the first training forward then gives its old log-probs.
-        self.fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
-        self.old_from_training = type(self.buffer) is ReplayBuffer or (self.fill and cfg.num_iterations == 1)
-        # dapo divides by all processes' tokens and DDP averages gradients over them: scale back up by their number
-        self.loss_scale = self.dist.world_size if cfg.loss_type == "dapo" else 1
-        self.loss_settings = dict(epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high, beta=cfg.beta,
-                                  loss_type=cfg.loss_type, use_bias_correction_kl=cfg.use_bias_correction_kl,
-                                  max_completion_length=cfg.max_completion_length)
-        self.fresh, self.last_gen_metrics = [], {}  # the latest generation batch (zero advantages too), its metrics
-        self.step = self.sample_uid = 0  # skipped steps count too, so max_steps bounds the run
-        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0,
-                         **({"empty_steps_skipped": 0} if cfg.skip_empty_steps else {})}
+        self.buffer = make_buffer(cfg, seed + self.dist.rank)  # one for each process
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
-    def record(self, metrics: dict, trained: list[dict]) -> dict:
-        """A hook: Part II measures what the step trained (each micro-batch's samples, log-probs and mask) here."""
-        return metrics
+        def schedule(step: int) -> float:
+            return linear_schedule(step, cfg.warmup_steps, cfg.max_steps)
 
-    @torch.no_grad()
-    def generate_batch(self) -> list[dict]:
-        """Sample one generation batch, score it, compute its advantages and its old and reference log-probs, and
-        return it as single samples ready for the buffer. Each process takes its own whole groups of prompts."""
-        cfg, tok, n = self.cfg, self.tokenizer, self.cfg.generation_batch_size // self.cfg.num_generations
-        order = self.prompt_sampler.next_indices(n * self.dist.world_size)
-        rows = [self.dataset[i] for i in order[self.dist.rank * n:(self.dist.rank + 1) * n]]
-        self.model.eval()
-        with self.autocast():  # a chat template writes its own BOS: do not add a second one
-            batch = generate_completions(self.model, tok, prompt_texts(rows, tok), cfg.num_generations,
-                                         cfg.max_prompt_length, cfg.max_completion_length, cfg.temperature,
-                                         add_special_tokens=isinstance(rows[0]["prompt"], str), eos_ids=self.eos_ids)
-        self.model.train()
-        rewards, per_func, completions = score_generations(batch, rows, cfg.num_generations, tok, self.reward_funcs,
-                                                           self.reward_weights)
-        advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
-        batch["advantages"] = advantages.to(self.device)
-        # The behaviour policy's log-probs, the ratio's "old" ones, kept with each sample for when it is replayed
-        batch["old_per_token_logps"] = None if self.old_from_training else self._logps(self.logprobs, batch)
-        batch["ref_per_token_logps"] = None if self.ref_model is None else self._logps(self.ref_logprobs, batch)
-        self.record_generation(batch, rows, rewards, per_func, completions, advantages)
-        return split_tensor_dict(batch)
-
-    def record_generation(self, batch: dict, rows: list[dict], rewards: torch.Tensor, per_func: torch.Tensor,
-                          completions: list, advantages: torch.Tensor) -> None:
-        """Tag each sample (uid, and step: SSR's ages count from it) and measure the batch."""
-        n, ended = len(rewards), torch.isin(batch["completion_ids"], torch.tensor(self.eos_ids, device=self.device))
-        batch["uid"], batch["step"] = list(range(self.sample_uid, self.sample_uid + n)), [self.step] * n
-        self.sample_uid += n
-        self.counters["reward_nan"] += int(per_func.isnan().sum())
-        self.last_gen_metrics = {  # the reward's mean and std leave out unscorable completions (NaN), as TRL's
-            "reward": rewards.nanmean().item(), "reward_std": nanstd(rewards, dim=0).item(),
-            "frac_reward_unscorable": rewards.isnan().float().mean().item(),
-            "frac_reward_zero_std": zero_spread_groups(rewards, self.cfg.num_generations).float().mean().item(),
-            "completion_length": batch["completion_mask"].sum(1).float().mean().item(),
-            "frac_truncated": 1 - ended.any(1).float().mean().item(), "completions": float(n),
-            "adv_abs_fresh": advantages.abs().mean().item()}
-
-    def _logps(self, logprobs: torch.nn.Module, batch: dict) -> torch.Tensor:
-        with self.autocast():
-            return logprobs(torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
-                            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
-                            batch["completion_ids"].size(1))
-
-    def refill(self) -> int:
-        """Generate into the buffer, again (at most max_generation_retries times) while there is nothing to train on."""
-        batches = []
-        while not batches or (len(batches) <= self.cfg.max_generation_retries and self.dist.any(not self.can_train())):
-            self.fresh = self.generate_batch()
-            self.buffer.add(self.fresh)
-            batches.append(self.last_gen_metrics)
-        self.last_gen_metrics = mean_metrics(batches)
-        return len(batches) - 1
-
-    def can_train(self) -> bool:
-        """replace needs a buffer that can serve a micro-batch; fill, a fresh non-zero sample or a drawable one."""
-        return (self.fill and any(float(s["advantages"]) != 0 for s in self.fresh)) or \
-            self.buffer.can_serve(self.cfg.per_device_train_batch_size)
-
-    def micro_batches(self) -> list[list[dict]]:
-        """The samples of this step, as gradient_accumulation_steps micro-batches (see the class docstring)."""
-        n, k = self.cfg.per_device_train_batch_size, self.cfg.gradient_accumulation_steps
-        if not self.fill:
-            return [self.buffer.sample(n) for _ in range(k)]
-        keep = [s for s in self.fresh if float(s["advantages"]) != 0]  # every fresh sample with signal trains
-        zeros = [s for s in self.fresh if float(s["advantages"]) == 0]  # each slot takes a draw, P ~ |A|^alpha x decay
-        trained = keep + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_serve(1) else zeros)
-        return [trained[i * n:(i + 1) * n] for i in range(k)]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.ssr_fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
+        trains_first_when_made = type(self.buffer) is ReplayBuffer or (self.ssr_fill and cfg.num_iterations == 1)
+        self.old_logps_at_generation = not trains_first_when_made  # see the class docstring
+        self.batch: list[dict] = []  # the latest generation batch (zero advantages too); dynamic sampling: kept groups
+        self.scored: dict = {}  # its rows, completions, rewards and advantages, for logging
+        self.generation_metrics: dict = {}
+        self.step = 0  # steps without an update count too, so max_steps bounds the run
+        self.sample_uid = 0
+        self.counters = {"skipped_steps": 0, "nonfinite_steps": 0, "reward_nan": 0}
+        if cfg.skip_empty_steps:
+            self.counters["empty_steps_skipped"] = 0
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step: generate when due, accumulate the gradient over the micro-batches, and update."""
-        cfg, start = self.cfg, time.perf_counter()
+        """One optimizer step: generate when due, assemble the micro-batches, accumulate the gradient, update."""
+        cfg = self.cfg
+        start = time.perf_counter()
         self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
-        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks or none
-        retries = self.refill() if generated else 0
-        metrics = {"step": self.step + 1, **self.last_gen_metrics, "generated": int(generated),
-                   "generation_retries": retries}
-        micro_batches = self.micro_batches() if not self.dist.any(not self.can_train()) else []
-        some_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # beta 0: the only gradient
-        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(some_signal)
-        if not micro_batches or empty:  # nothing to train on, even after the retries; or, skipped, no signal
-            return {**self._no_update(metrics, micro_batches, retries), "step_time": time.perf_counter() - start}
-        tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
-        step_tokens = self.dist.reduce([sum(tokens)])[0]  # dapo's divisor: every rank's tokens (one value a rank)
-        rows = sum(len(mb) for mb in micro_batches)  # grpo and dr_grpo by its rows: each weighs the same
-        trained = []
-        for i, samples in enumerate(micro_batches):
-            batch, first = stack(samples, self.tokenizer.pad_token_id)  # first: rows trained for the first time
-            last = i == len(micro_batches) - 1  # under torchrun gradients sync once a step, in the last backward
-            with nullcontext() if last or self.dist.world_size == 1 else self.policy.no_sync():
-                logps = self._logps(self.policy, batch)  # (B, C)
-                old = old_logps(samples, batch, logps, first)
-                loss, stats = grpo_loss(logps, old, batch["advantages"], batch["completion_mask"],
-                                        ref_per_token_logps=batch["ref_per_token_logps"],
-                                        num_micro_batches=len(micro_batches), num_items_in_batch=step_tokens,
-                                        micro_batch_tokens=tokens[i], num_sequences=rows, **self.loss_settings)
-                (loss * self.loss_scale).backward()
-            trained.append({"samples": samples, "loss": loss.item() * self.loss_scale, "stats": stats,
-                            "logps": logps.detach(), "old": old, "mask": batch["completion_mask"]})
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        loss = sum(t["loss"] for t in trained)
+        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks, or none
+        retries = self.generate() if generated else 0
+        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
+        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # at beta 0, the gradient
+        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(has_signal)
+        trained = []  # what each micro-batch trained, for the metrics
+        update = {}
+        if micro_batches and not empty:
+            tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
+            step_tokens = self.dist.reduce([sum(tokens)])[0]  # dapo's divisor: every process's tokens
+            sequences = self.dist.reduce([sum(len(mb) for mb in micro_batches)])[0]  # grpo's and dr_grpo's
+            for samples, micro_batch_tokens in zip(micro_batches, tokens):
+                # ---- the core of GRPO: log-probs now and when sampled, the clipped loss, backward ----------------
+                batch = collate(samples, self.tokenizer.pad_token_id)
+                logps = self.completion_logps(self.model, batch)  # (B, C)
+                old = self.old_logps(samples, batch, logps)  # (B, C)
+                loss, stats = grpo_loss(
+                    logps,
+                    old,
+                    batch["advantages"],
+                    batch["completion_mask"],
+                    epsilon_low=cfg.epsilon,
+                    epsilon_high=cfg.epsilon_high,
+                    beta=cfg.beta,
+                    ref_logps=batch["ref_per_token_logps"],
+                    loss_type=cfg.loss_type,
+                    use_bias_correction_kl=cfg.use_bias_correction_kl,
+                    max_completion_length=cfg.max_completion_length,
+                    num_micro_batches=len(micro_batches) * self.dist.world_size,
+                    num_items_in_batch=step_tokens,
+                    micro_batch_tokens=micro_batch_tokens,
+                    num_sequences=sequences,
+                )
+                loss.backward()
+                # ---------------------------------------------------------------------------------------------------
+                trained.append({"samples": samples, "loss": loss.item(), "stats": stats, "logps": logps.detach(),
+                                "old": old, "mask": batch["completion_mask"]})
+            update = self.update(sum(t["loss"] for t in trained))
+        elif micro_batches:  # --skip_empty_steps: a zero gradient, yet AdamW's momentum would still move the weights
+            self.counters["empty_steps_skipped"] += 1
+        else:
+            self.counters["skipped_steps"] += 1
+            print(
+                f"warning: step {self.step + 1} skipped: nothing to train on after {retries} retries (every group "
+                "had zero reward spread, or no reward function scored a completion)",
+                file=sys.stderr,
+            )
+        self.step += 1  # and the learning rate moves on, also after a step without an update
+        with warnings.catch_warnings():  # torch warns when the schedule moves before any update: intended here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+            self.scheduler.step()
+        metrics = self.metrics(micro_batches, trained, update, generated, retries)
+        return {**metrics, "step_time": time.perf_counter() - start}
+
+    def update(self, loss: float) -> dict:
+        """Sum the gradient over the processes, clip its norm and take one AdamW step, unless it is not finite."""
+        self.dist.sum_gradients(self.model)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         finite = not self.dist.any(not math.isfinite(loss)) and torch.isfinite(grad_norm).item()  # all ranks agree
         if finite:
             self.optimizer.step()
@@ -640,51 +716,210 @@ class GRPOStep:
             self.counters["nonfinite_steps"] += 1
             print(f"warning: step {self.step + 1}: non-finite loss or gradient; no update", file=sys.stderr)
         self.optimizer.zero_grad(set_to_none=True)
-        self._advance_schedule()
-        metrics.update(loss=loss, grad_norm=float(grad_norm), skipped=int(not finite), **self.counters,
-                       learning_rate=self.scheduler.get_last_lr()[0],
-                       **{k: sum(t["stats"][k].item() / len(trained) for t in trained) for k in trained[0]["stats"]})
-        return {**self.record(metrics, trained), "step_time": time.perf_counter() - start}
+        return {"grad_norm": float(grad_norm), "skipped": int(not finite)}
 
-    def _no_update(self, metrics: dict, micro_batches: list[list[dict]], retries: int) -> dict:
-        """A step without an update: nothing to train on, or (--skip_empty_steps) every advantage 0 at beta 0, where
-        the gradient is 0 yet AdamW's momentum would still move the weights. The schedule still advances."""
-        self.counters["empty_steps_skipped" if micro_batches else "skipped_steps"] += 1
-        self._advance_schedule()
-        if micro_batches:
-            metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1,
-                           learning_rate=self.scheduler.get_last_lr()[0])
+    # Steps 1-4 of the map: generate, score, advantages, the buffer, and the step's micro-batches.
+
+    def generate(self) -> int:
+        """Generate a batch into the buffer, and again (at most max_generation_retries times) while there is nothing
+        to train on; return the number of retries. Dynamic sampling (DAPO) keeps only the groups with reward spread,
+        outside the buffer, and generates until they fill a batch (a part batch at the cap, where DAPO raises)."""
+        cfg = self.cfg
+        batches = []
+        kept = []
+        dropped = 0
+        while not batches or (len(batches) <= cfg.max_generation_retries and self.dist.any(self.wants_more(kept))):
+            samples = self.generate_batch()
+            batches.append(self.generation_metrics)
+            if not cfg.dynamic_sampling:
+                self.batch = samples
+                self.buffer.add(samples)
+                continue
+            for i in range(0, len(samples), cfg.num_generations):
+                group = samples[i : i + cfg.num_generations]
+                if len(kept) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
+                    kept += group
+                else:
+                    dropped += 1
+        self.generation_metrics = mean_metrics(batches)
+        if cfg.dynamic_sampling:
+            self.batch = kept
+            self.generation_metrics["groups_dropped"] = float(dropped)
+            self.generation_metrics["frac_batch_filled"] = len(kept) / cfg.generation_batch_size
+        return len(batches) - 1
+
+    def wants_more(self, kept: list[dict]) -> bool:
+        if self.cfg.dynamic_sampling:
+            return len(kept) < self.cfg.generation_batch_size
+        return not self.can_train()
+
+    def can_train(self) -> bool:
+        """Dynamic sampling: a kept group; SSR fill: a non-zero sample in the batch, or one to draw; otherwise a
+        buffer that can serve a micro-batch."""
+        if self.cfg.dynamic_sampling:
+            return len(self.batch) > 0
+        if self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.batch):
+            return True
+        return self.buffer.can_sample(self.cfg.per_device_train_batch_size)
+
+    @torch.no_grad()
+    def generate_batch(self) -> list[dict]:
+        """Sample one generation batch, score it, compute its advantages (and, where due, its old and reference
+        log-probs), and return it as single samples ready for the buffer. Each process takes whole groups."""
+        cfg = self.cfg
+        n = cfg.generation_batch_size // cfg.num_generations  # prompts
+        order = self.prompt_sampler.next_indices(n * self.dist.world_size)
+        rows = [self.dataset[i] for i in order[self.dist.rank * n : (self.dist.rank + 1) * n]]
+        chat = not isinstance(rows[0]["prompt"], str)
+        self.model.eval()
+        with self.autocast():
+            batch = generate_completions(
+                self.model,
+                self.tokenizer,
+                prompt_texts(rows, self.tokenizer),
+                cfg.num_generations,
+                cfg.max_prompt_length,
+                cfg.max_completion_length,
+                cfg.temperature,
+                add_special_tokens=not chat,  # a chat template writes its own BOS: do not add a second one
+                eos_ids=self.eos_ids,
+            )
+        self.model.train()
+        rewards, per_function, completions = score_generations(
+            batch, rows, cfg.num_generations, self.tokenizer, self.reward_funcs, self.reward_weights
+        )
+        advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
+        batch["advantages"] = advantages.to(self.device)
+        batch["old_per_token_logps"] = None  # filled by the first training forward (the class docstring says when)
+        if self.old_logps_at_generation:
+            batch["old_per_token_logps"] = self.completion_logps(self.model, batch)
+        batch["ref_per_token_logps"] = None if self.ref_model is None else self.completion_logps(self.ref_model, batch)
+        size = len(rewards)
+        batch["uid"] = list(range(self.sample_uid, self.sample_uid + size))
+        batch["step"] = [self.step] * size  # SSR's ages count from it
+        self.sample_uid += size
+        self.counters["reward_nan"] += int(per_function.isnan().sum())
+        self.generation_metrics = self.generation_batch_metrics(batch, rewards, per_function, advantages)
+        self.scored = dict(rows=rows, completions=completions, rewards=rewards, advantages=advantages)
+        self.scored["per_function"] = per_function
+        return split_tensor_dict(batch)
+
+    def completion_logps(self, model, batch: dict) -> torch.Tensor:
+        """The log-probs of a batch's completion tokens under `model` (the policy or the reference). (B, C)"""
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with self.autocast():
+            return self.logps(model, ids, mask, batch["completion_ids"].size(1), self.cfg.temperature)
+
+    def assemble(self) -> list[list[dict]]:
+        """The step's samples, as gradient_accumulation_steps micro-batches. Plain GRPO and SSR replace draw every
+        micro-batch from the buffer (the uniform one holds exactly the generation batch, so each sample trains once a
+        step); dynamic sampling trains its kept groups; SSR fill trains every non-zero sample of the generation batch
+        and one draw in each zero-advantage slot (the sample itself when nothing can be drawn)."""
+        n = self.cfg.per_device_train_batch_size
+        k = self.cfg.gradient_accumulation_steps
+        if self.cfg.dynamic_sampling:
+            return [mb for mb in (self.batch[i * n : (i + 1) * n] for i in range(k)) if mb]
+        if not self.ssr_fill:  # Departure (replace, the seed's pull request): the paper adds replays to a fresh batch
+            return [self.buffer.sample(n) for _ in range(k)]
+        nonzero = [s for s in self.batch if float(s["advantages"]) != 0]
+        zeros = [s for s in self.batch if float(s["advantages"]) == 0]
+        # Departure (fill): the paper augments the fresh batch; fill keeps the batch's size and replays into the slots
+        # that would teach nothing. The buffer already holds this batch's non-zero samples, and age decay weighs
+        # them highest, so some draws train a sample of this batch a second time.
+        trained = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
+        return [trained[i * n : (i + 1) * n] for i in range(k)]
+
+    def old_logps(self, samples: list[dict], batch: dict, logps: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's old log-probs (B, C): each sample's stored ones; for a sample trained here for the first
+        time, this forward's own, detached, which the sample (the buffer holds it) then keeps for its replays."""
+        current = logps.detach()
+        first = [s["old_per_token_logps"] is None for s in samples]
+        for s, row, is_first in zip(samples, current, first):
+            if is_first:
+                n = int(s["completion_mask"].sum())
+                s["old_per_token_logps"] = F.pad(row[:n], (0, s["completion_mask"].numel() - n))
+        return torch.where(torch.tensor(first, device=current.device)[:, None], current, batch["old_per_token_logps"])
+
+    # Every number a step reports, gathered here.
+
+    def generation_batch_metrics(self, batch: dict, rewards, per_function, advantages) -> dict[str, float]:
+        """One generation batch's metrics; the reward's mean and std leave out unscorable completions (NaN), as TRL."""
+        ended = torch.isin(batch["completion_ids"], torch.tensor(self.eos_ids, device=self.device)).any(1)
+        metrics = {
+            "reward": rewards.nanmean().item(),
+            "reward_std": nanstd(rewards, dim=0).item(),
+            "frac_reward_unscorable": rewards.isnan().float().mean().item(),
+            "frac_reward_zero_std": zero_spread_groups(rewards, self.cfg.num_generations).float().mean().item(),
+            "completion_length": batch["completion_mask"].sum(1).float().mean().item(),
+            "frac_truncated": 1 - ended.float().mean().item(),
+            "completions": float(len(rewards)),
+            "adv_abs_fresh": advantages.abs().mean().item(),
+        }
+        for j, f in enumerate(self.reward_funcs):
+            metrics[f"rewards/{getattr(f, '__name__', type(f).__name__)}"] = per_function[:, j].nanmean().item()
+        return metrics
+
+    def metrics(self, micro_batches: list, trained: list[dict], update: dict, generated: bool, retries: int) -> dict:
+        """The step's line of metrics: its generation, its update, and what it trained: how much of it is replayed,
+        old, duplicated or without signal."""
+        metrics = {"step": self.step, **self.generation_metrics, "generated": int(generated)}
+        metrics["generation_retries"] = retries
+        if trained:
+            metrics["loss"] = sum(t["loss"] for t in trained)
+            metrics.update(update)
+            for key in trained[0]["stats"]:  # clip_ratio (and kl): the mean over the micro-batches
+                metrics[key] = sum(t["stats"][key].item() / len(trained) for t in trained)
+        elif micro_batches:  # skipped for want of signal
+            metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1, skipped=1)
         else:
-            print(f"warning: step {self.step} skipped: nothing to train on after {retries} retries (every group "
-                  "had zero reward spread, or no reward function scored a completion)", file=sys.stderr)
-        return self.record({**metrics, "skipped": 1, **self.counters}, [{"samples": mb} for mb in micro_batches])
+            metrics["skipped"] = 1
+        metrics.update(self.counters)
+        if micro_batches:
+            metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        samples = [s for mb in micro_batches for s in mb]
+        if samples:
+            ages = [self.step - 1 - s["step"] for s in samples]
+            metrics["replay_frac"] = sum(a > 0 for a in ages) / len(ages)  # trained after the step that made it
+            metrics["sample_age"] = sum(ages) / len(ages)
+            metrics["sample_age_max"] = max(ages)
+            metrics["frac_zero_adv_trained"] = sum(float(s["advantages"]) == 0 for s in samples) / len(samples)
+            metrics["unique_sample_frac"] = len({s["uid"] for s in samples}) / len(samples)
+            metrics["adv_abs_trained"] = float(torch.stack([s["advantages"].abs() for s in samples]).mean())
+        log_ratio = 0.0
+        replayed_tokens = 0.0
+        for t in trained:  # the mean |log pi - log pi_old| of the replayed tokens: how far the policy moved since
+            replayed = torch.tensor([s["step"] < self.step - 1 for s in t["samples"]], device=t["logps"].device)
+            mask = t["mask"].bool() & replayed[:, None]
+            log_ratio += float((t["logps"] - t["old"]).abs()[mask].sum())
+            replayed_tokens += float(mask.sum())
+        if replayed_tokens > 0:
+            metrics["replay_abs_log_ratio"] = log_ratio / replayed_tokens
+        metrics["buffer_size"] = len(self.buffer)
+        metrics["buffer_ess"] = effective_sample_size(self.buffer)
+        metrics["zero_adv_rejected"] = getattr(self.buffer, "rejected", 0)
+        return metrics
 
-    def _advance_schedule(self) -> None:
-        """Count the step and move the learning rate on, also for a skipped step, so the schedule tracks `step`."""
-        self.step += 1
-        with warnings.catch_warnings():  # torch warns when the schedule moves before any update: intended here
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
-            self.scheduler.step()
+
+def linear_schedule(step: int, warmup: int, total: int) -> float:
+    """HF's linear schedule, as a factor of the peak rate: warm up from 0 over `warmup` steps, then decay to 0."""
+    return step / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
 
 
-def stack(samples: list[dict], pad_id: int) -> tuple[dict, list[int]]:
-    """Repad and stack a micro-batch; also return the rows without stored old log-probs (made in this step, trained
-    here first), which hold zeros until `old_logps` fills them from the training forward."""
+def collate(samples: list[dict], pad_id: int) -> dict:
+    """A micro-batch as one padded batch. A sample not yet trained has no old log-probs: zeros hold its row until
+    GRPOStep.old_logps replaces them with the training forward's."""
     padded = repad(samples, pad_id)
-    first = [i for i, s in enumerate(padded) if s["old_per_token_logps"] is None]
-    for i in first:
-        padded[i]["old_per_token_logps"] = torch.zeros_like(padded[i]["completion_ids"], dtype=torch.float32)
-    return combine_tensor_dict(padded), first
+    for s in padded:
+        if s["old_per_token_logps"] is None:
+            s["old_per_token_logps"] = torch.zeros_like(s["completion_ids"], dtype=torch.float32)
+    return combine_tensor_dict(padded)
 
 
-def old_logps(samples: list[dict], batch: dict, logps: torch.Tensor, first: list[int]) -> torch.Tensor:
-    """The old log-probs of a micro-batch (B, C): the stored ones, and for rows trained for the first time this
-    forward's own, detached (the weights have not changed since they were made), then stored for later steps."""
-    current, rows = logps.detach(), torch.tensor([[i in first] for i in range(len(samples))], device=logps.device)
-    for i in first:
-        n = int(samples[i]["completion_mask"].sum())
-        samples[i]["old_per_token_logps"] = F.pad(current[i, :n], (0, samples[i]["completion_mask"].numel() - n))
-    return torch.where(rows, current, batch["old_per_token_logps"])
+def effective_sample_size(buffer: ReplayBuffer) -> float:
+    """1 / sum P(i)^2: how many samples the buffer's draw distribution is worth; its size when uniform."""
+    weights = buffer._weights() if isinstance(buffer, SSRReplayBuffer) else torch.ones(len(buffer))
+    return float(weights.sum() ** 2 / (weights**2).sum()) if weights.sum() > 0 else 0.0
 
 
 def mean_metrics(batches: list[dict]) -> dict[str, float]:
@@ -700,6 +935,7 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
 
 import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
 import difflib  # noqa: E402
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -725,36 +961,35 @@ class ConfigError(ValueError):
 @dataclass
 class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
-    dynamic_sampling: bool = _opt(False, "DAPO's baseline: train only groups with reward spread, generating more.")
-    model: str = _opt("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
-    dataset: str = _opt("builtin", "builtin (TL;DR-style prompts), builtin_chat (the same as chat messages, for an "
+    model: str = setting("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
+    dataset: str = setting("builtin", "builtin (TL;DR-style prompts), builtin_chat (the same as chat messages, for an "
                                    "instruct model), arithmetic or arithmetic:1,2,3 (sums), a Hub id, or a local "
                                    ".json/.jsonl/.csv/.parquet file.")
-    dataset_split: str = _opt("train", "Split of --dataset to train on (local files have only 'train').")
-    prompt_column: str = _opt("prompt", "Column holding the prompt: a string, or chat messages for the chat template.")
-    reward_funcs: str = _opt("reward_len", "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
+    dataset_split: str = setting("train", "Split of --dataset to train on (local files have only 'train').")
+    prompt_column: str = setting("prompt", "Column holding the prompt: a string, or chat messages for the chat template.")
+    reward_funcs: str = setting("reward_len", "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
                                            "importable path such as my_module.my_reward.")
-    reward_weights: Optional[list[float]] = _opt(None, "One weight per reward function; default all 1.0.")
-    seed: int = _opt(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
-    device: str = _opt("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
-    disable_dropout: bool = _opt(True, "Dropout off (TRL's default): sampling and training then see one policy.")
-    eval_steps: int = _opt(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
-    eval_dataset: Optional[str] = _opt(None, "Held-out split of --dataset, or a local file; default: the task's own.")
-    eval_max_prompts: int = _opt(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
-    eval_num_generations: int = _opt(4, "Completions sampled per held-out prompt, beside the greedy one.")
-    eval_only: bool = _opt(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
-    bf16: Optional[bool] = _opt(None, "bf16 autocast; default: on a GPU with native bf16, else off. --bf16 asks for it "
+    reward_weights: Optional[list[float]] = setting(None, "One weight per reward function; default all 1.0.")
+    seed: int = setting(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
+    device: str = setting("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
+    disable_dropout: bool = setting(True, "Dropout off (TRL's default): sampling and training then see one policy.")
+    eval_steps: int = setting(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
+    eval_dataset: Optional[str] = setting(None, "Held-out split of --dataset, or a local file; default: the task's own.")
+    eval_max_prompts: int = setting(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
+    eval_num_generations: int = setting(4, "Completions sampled per held-out prompt, beside the greedy one.")
+    eval_only: bool = setting(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
+    bf16: Optional[bool] = setting(None, "bf16 autocast; default: on a GPU with native bf16, else off. --bf16 asks for it "
                                       "on a CPU (AVX512-BF16 or AMX); --bf16 false turns it off.")
-    num_threads: Optional[int] = _opt(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
-    logits_chunk_size: int = _opt(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
-    output_dir: str = _opt("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
-    overwrite_output_dir: bool = _opt(False, "Start a fresh run in an --output_dir that already holds one.")
-    logging_steps: int = _opt(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = _opt(False, "Log each logging step's completions, rewards, advantages: completions.jsonl.")
-    num_completions_to_print: int = _opt(4, "With --log_completions, completions printed each logging step.")
-    save_steps: int = _opt(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
-    save_total_limit: Optional[int] = _opt(None, "Keep only the newest this many checkpoints; default keeps all.")
-    resume_from_checkpoint: Optional[str] = _opt(None, "A checkpoint folder, or 'last' in --output_dir: continue that "
+    num_threads: Optional[int] = setting(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
+    logits_chunk_size: int = setting(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
+    output_dir: str = setting("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
+    overwrite_output_dir: bool = setting(False, "Start a fresh run in an --output_dir that already holds one.")
+    logging_steps: int = setting(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
+    log_completions: bool = setting(False, "Log each logging step's completions, rewards, advantages: completions.jsonl.")
+    num_completions_to_print: int = setting(4, "With --log_completions, completions printed each logging step.")
+    save_steps: int = setting(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
+    save_total_limit: Optional[int] = setting(None, "Keep only the newest this many checkpoints; default keeps all.")
+    resume_from_checkpoint: Optional[str] = setting(None, "A checkpoint folder, or 'last' in --output_dir: continue that "
                                                        "run with its own settings.")
 
     def __new__(cls, *args, **kwargs):  # before __init__, which answers an option it lacks with a bare TypeError
@@ -931,6 +1166,16 @@ class Torchrun(Dist):
         if self.world_size > 1:
             tdist.barrier()
 
+    def sum_gradients(self, model) -> None:
+        for p in model.parameters():
+            if self.world_size > 1 and p.grad is not None:
+                tdist.all_reduce(p.grad)
+
+    def broadcast_parameters(self, model) -> None:
+        for p in model.parameters():
+            if self.world_size > 1:
+                tdist.broadcast(p.data, src=0)
+
 
 def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     """One metrics line for the whole job: each number summed or averaged over the ranks, unless all ranks agree."""
@@ -939,7 +1184,7 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     per_rank, out = dist.gather(metrics), dict(metrics)
     for key, value in metrics.items():
         values = [m.get(key, math.nan) for m in per_rank]
-        if key in ("completions", "buffer_size", "zero_adv_rejected", "reward_nan"):  # counts
+        if key in ("completions", "buffer_size", "zero_adv_rejected", "reward_nan", "loss"):  # counts; loss: parts
             out[key] = float(np.sum(values))
         elif isinstance(value, (int, float)) and key != "step" and any(v != value for v in values):
             out[key] = float(np.mean(values))
@@ -1267,7 +1512,7 @@ def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
 
 def reward_len_binary(completions: list, **kwargs) -> list[float]:
     """A sparse variant: 1 within 2 characters of 20, else 0. Most groups then have zero spread early on."""
-    return [1.0 if abs(20 - len(_text(c))) <= 2 else 0.0 for c in completions]
+    return [1.0 if abs(20 - len(completion_text(c))) <= 2 else 0.0 for c in completions]
 
 
 FIRST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -1282,7 +1527,7 @@ def extract_answer(text: str) -> Optional[float]:
 def reward_accuracy(completions: list, answer: list, **kwargs) -> list[float]:
     """1.0 when the completion's first number equals its `answer`. Only the first counts: a rule that takes the answer
     anywhere is gamed by restating the question ("7 + 5 = 12") or listing numbers until one is right."""
-    return [1.0 if extract_answer(_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if extract_answer(completion_text(c)) == float(a) else 0.0 for c, a in zip(completions, answer)]
 
 
 REWARD_FUNCS: dict[str, Callable] = {f.__name__: f for f in (reward_len, reward_len_binary, reward_accuracy)}
@@ -1464,16 +1709,15 @@ class GRPOTrainer(GRPOStep):
                     module.p = 0.0
                 if isinstance(getattr(module, "attention_dropout", None), float):  # attention applying it as a float
                     module.attention_dropout = 0.0
-        super().__init__(model.to(device), tokenizer, funcs, cfg, rows, reward_weights=weights, seed=cfg.seed,
-                         autocast=autocast, dist=dist,
-                         logps=lambda *a: lean_logps(*a, chunk_size=cfg.logits_chunk_size))
+        dist.broadcast_parameters(model.to(device))  # every rank starts from rank 0's weights
+        logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
+        super().__init__(model, tokenizer, funcs, cfg, rows, reward_weights=weights, seed=cfg.seed,
+                         autocast=autocast, dist=dist, logps=logps)
         if dist.world_size > 1:
-            self.policy = torch.nn.parallel.DistributedDataParallel(
-                self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
         self.stop_signal = signal.SIGTERM  # the last signal seen (a rank stopped by another's: TERM)
-        self.last_completions, self.log_history = [], []  # --log_completions' batch; metrics.jsonl's lines, all of them
+        self.log_history = []  # metrics.jsonl's lines, all of them
 
     args = property(lambda self: self.cfg)
     processing_class = property(lambda self: self.tokenizer)
@@ -1489,66 +1733,6 @@ class GRPOTrainer(GRPOStep):
     def health(self) -> list[str]:
         """The health report of this run so far (see `health_report`): one line per failure its metrics show."""
         return health_report(*read_metrics(self.log_history), self.cfg)
-
-    def record_generation(self, batch, rows, rewards, per_func, completions, advantages) -> None:
-        super().record_generation(batch, rows, rewards, per_func, completions, advantages)
-        self.last_gen_metrics.update({f"rewards/{f.__name__}": per_func[:, j].nanmean().item()
-                                      for j, f in enumerate(self.reward_funcs)})
-        if self.cfg.log_completions:
-            self.last_completions = [
-                {"prompt": r["prompt"], "completion": _text(c), "reward": float(rw), "advantage": float(a),
-                 **{f"rewards/{f.__name__}": float(per_func[i, j]) for j, f in enumerate(self.reward_funcs)}}
-                for i, (r, c, rw, a) in enumerate(zip([r for r in rows for _ in range(self.cfg.num_generations)],
-                                                      completions, rewards, advantages))]
-
-    def record(self, metrics: dict, trained: list[dict]) -> dict:
-        """Add how much of what the step trained is replayed, old, duplicated or without signal; and the buffer."""
-        samples, step = [s for t in trained for s in t["samples"]], self.step - 1  # the step just taken
-        if samples:
-            log_ratio = tokens = 0.0
-            for t in (t for t in trained if "logps" in t):
-                stale = torch.tensor([s["step"] < step for s in t["samples"]], device=t["logps"].device)
-                mask = t["mask"].bool() & stale[:, None]  # the replayed completion tokens
-                log_ratio += float((t["logps"] - t["old"]).abs()[mask].sum())
-                tokens += float(mask.sum())
-            ages = [step - s["step"] for s in samples]
-            metrics.update(replay_frac=sum(a > 0 for a in ages) / len(ages),  # trained after the step that made it
-                           sample_age=sum(ages) / len(ages), sample_age_max=max(ages),
-                           frac_zero_adv_trained=sum(float(s["advantages"]) == 0 for s in samples) / len(samples),
-                           unique_sample_frac=len({s["uid"] for s in samples}) / len(samples),
-                           adv_abs_trained=float(torch.stack([s["advantages"].abs() for s in samples]).mean()))
-            if tokens > 0:  # mean |log pi - log pi_old| of the replays: a ratio outside 1 +- eps is above about eps
-                metrics["replay_abs_log_ratio"] = log_ratio / tokens
-        return {**metrics, "buffer_size": len(self.buffer), "buffer_ess": effective_sample_size(self.buffer),
-                "zero_adv_rejected": getattr(self.buffer, "rejected", 0)}
-
-    def refill(self) -> int:
-        """--dynamic_sampling (DAPO): keep the groups with reward spread; generate until they fill a batch (or cap)."""
-        cfg, G = self.cfg, self.cfg.num_generations
-        if not cfg.dynamic_sampling:
-            return super().refill()
-        kept, batches, dropped = [], [], 0
-        while not batches or (len(batches) <= cfg.max_generation_retries
-                              and self.dist.any(len(kept) < cfg.generation_batch_size)):  # all ranks together
-            samples = self.generate_batch()
-            batches.append(self.last_gen_metrics)
-            for group in (samples[i:i + G] for i in range(0, len(samples), G)):
-                if len(kept) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
-                    kept += group
-                else:
-                    dropped += 1
-        self.fresh, self.last_gen_metrics = kept, {**mean_metrics(batches), "groups_dropped": float(dropped),
-                                                   "frac_batch_filled": len(kept) / cfg.generation_batch_size}
-        return len(batches) - 1
-
-    def can_train(self) -> bool:
-        return len(self.fresh) > 0 if self.cfg.dynamic_sampling else super().can_train()
-
-    def micro_batches(self) -> list[list[dict]]:
-        if not self.cfg.dynamic_sampling:
-            return super().micro_batches()
-        n, k = self.cfg.per_device_train_batch_size, self.cfg.gradient_accumulation_steps  # the kept groups, sliced
-        return [mb for mb in (self.fresh[i * n:(i + 1) * n] for i in range(k)) if mb]
 
     def run_evaluation(self, bar) -> dict[str, float]:
         """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
@@ -1645,9 +1829,21 @@ class GRPOTrainer(GRPOStep):
             print_outputs(out)
         return history
 
+    def completion_records(self) -> list[dict]:
+        """The latest generation batch, one record per completion: prompt, completion, reward and advantage."""
+        scored = self.scored
+        prompts = [r["prompt"] for r in scored["rows"] for _ in range(self.cfg.num_generations)]
+        records = []
+        for i, (prompt, completion) in enumerate(zip(prompts, scored["completions"])):
+            records.append({"prompt": prompt, "completion": completion_text(completion),
+                            "reward": float(scored["rewards"][i]), "advantage": float(scored["advantages"][i])})
+            for j, f in enumerate(self.reward_funcs):
+                records[-1][f"rewards/{f.__name__}"] = float(scored["per_function"][i, j])
+        return records
+
     def _log_completions(self, bar) -> None:
         """Append every rank's latest generation batch to completions.jsonl, and print a few under the bar."""
-        rows = [{"step": self.step, **r} for part in self.dist.gather(self.last_completions) for r in part]
+        rows = [{"step": self.step, **r} for part in self.dist.gather(self.completion_records()) for r in part]
         if self.dist.main:
             with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
                 f.write("".join(json_line(r) for r in rows))
@@ -1669,7 +1865,7 @@ class GRPOTrainer(GRPOStep):
                            tmp / "trainer_state.pt")
                 (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
-            own = {"sample_uid": self.sample_uid, "fresh": self.fresh, "last_gen_metrics": self.last_gen_metrics,
+            own = {"sample_uid": self.sample_uid, "batch": self.batch, "generation_metrics": self.generation_metrics,
                    "prompt_sampler": vars(self.prompt_sampler), "buffer_generator": self.buffer.generator.get_state(),
                    "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
                    "rng": rng_states(self.device)}
@@ -1707,8 +1903,8 @@ class GRPOTrainer(GRPOStep):
         vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
         self.buffer.generator.set_state(own["buffer_generator"])  # the samples on the training device, it on the CPU
         vars(self.prompt_sampler).update(own["prompt_sampler"])
-        self.step, self.counters, self.fresh = shared["step"], shared["counters"], [to_device(s) for s in own["fresh"]]
-        self.sample_uid, self.last_gen_metrics = own["sample_uid"], own["last_gen_metrics"]
+        self.step, self.counters, self.batch = shared["step"], shared["counters"], [to_device(s) for s in own["batch"]]
+        self.sample_uid, self.generation_metrics = own["sample_uid"], own["generation_metrics"]
         set_rng_states(own["rng"], self.device)
         out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:

@@ -84,7 +84,7 @@ def test_uniform_buffer_fifo_and_exact_iterations():
 def test_uniform_buffer_keeps_zero_advantages_and_refuses_overdraw():
     buf = g.ReplayBuffer(capacity=4)
     buf.add(_items([0, 0, 1]))
-    assert len(buf) == 3 and not buf.can_serve(4)
+    assert len(buf) == 3 and not buf.can_sample(4)
     with pytest.raises(ValueError, match="cannot draw 4"):
         buf.sample(4)
 
@@ -110,7 +110,7 @@ def test_ssr_fifo_eviction_keeps_priorities_aligned():
 def test_ssr_empty_raises_clear_error():
     buf = g.SSRReplayBuffer(capacity=4)
     buf.add(_items([0.0, 0.0]))
-    assert not buf.can_serve(1)
+    assert not buf.can_sample(1)
     with pytest.raises(ValueError, match="empty"):
         buf.sample(1)
 
@@ -230,7 +230,7 @@ def test_ssr_age_limit_evicts_and_never_draws_old_samples():
     assert np.allclose(buf.probabilities().numpy(), target)
     assert _chi2(counts[4:], target) < CHI2_CRIT_3DOF
     buf.advance_to(10)  # everything is too old: nothing to draw, a clear error
-    assert len(buf) == 0 and not buf.can_serve(1)
+    assert len(buf) == 0 and not buf.can_sample(1)
     with pytest.raises(ValueError, match="too old"):
         buf.sample(1)
 
@@ -267,7 +267,7 @@ def test_aged_buffer_state_dict_round_trip():
     buf.advance_to(3)
     copy = g.SSRReplayBuffer(capacity=16, alpha=1.0, seed=99, max_age=2, age_decay=1.5)
     _checkpoint_round_trip(buf, copy)
-    assert copy.now == 3 and len(copy) == len(buf) == 6
+    assert copy.clock == 3 and len(copy) == len(buf) == 6
     assert torch.equal(copy.probabilities(), buf.probabilities())
     assert [s["uid"] for s in buf.sample(50)] == [s["uid"] for s in copy.sample(50)]
 

@@ -125,7 +125,7 @@ def test_extreme_logps_at_padded_slots_change_nothing(loss_type, bias_correction
 
     def loss_and_grad(lp, o, r):
         lp = lp.clone().requires_grad_()
-        loss, stats = g.grpo_loss(lp, o, torch.tensor([1.0, -0.5, 2.0]), mask, ref_per_token_logps=r, **kw)
+        loss, stats = g.grpo_loss(lp, o, torch.tensor([1.0, -0.5, 2.0]), mask, ref_logps=r, **kw)
         loss.backward()
         return loss, lp.grad, stats
 
@@ -143,14 +143,14 @@ def test_beta_training_steps_stay_finite_with_extreme_padded_logps(cfg_factory, 
     at every padded slot is -1000 (as a low temperature gives the pad token). No step may become non-finite."""
     trainer = g.GRPOTrainer(cfg_factory(beta=0.1, max_steps=3, temperature=0.5))
     scripted_sampler(monkeypatch, [2, 5, 9, 15], trainer.tokenizer.eos_token_id)
-    real, planted_calls = g.lean_logps, []
+    real, planted_calls = trainer.logps, []
 
     def planted(model, input_ids, attention_mask, logits_to_keep, *a, **kw):  # the trainer's log-probs (lean_logps)
         planted_calls.append(1)
         lp = real(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
         return lp.masked_fill(attention_mask[:, -logits_to_keep:] == 0, -1000.0)
 
-    monkeypatch.setattr(g, "lean_logps", planted)
+    trainer.logps = planted
     for _ in range(3):
         m = trainer.train_step()
         assert math.isfinite(m["loss"]) and math.isfinite(m["kl"]) and m["skipped"] == 0, m
@@ -165,7 +165,7 @@ def test_k3_kl_hand_computed():
     ref = torch.log(torch.tensor([[0.25, 0.25]]))
     mask = torch.ones(1, 2)
     loss, stats = g.grpo_loss(logps, logps.detach(), torch.tensor([0.0]), mask, beta=0.1,
-                              ref_per_token_logps=ref)
+                              ref_logps=ref)
     # k3 = exp(ref - logp) - (ref - logp) - 1: token 1 -> 0.5 + ln 2 - 1; token 2 -> 0
     k3 = 0.5 + math.log(2) - 1
     assert stats["kl"].item() == pytest.approx(k3 / 2, abs=1e-6)
@@ -178,7 +178,7 @@ def test_bias_correction_multiplies_k3_by_the_ratio_hand_computed():
     ref = torch.log(torch.tensor([[0.25, 0.5]]))
     mask = torch.ones(1, 2)
     k3 = [0.5 + math.log(2) - 1, 2 - math.log(2) - 1]
-    kw = dict(beta=0.1, ref_per_token_logps=ref, loss_type="bnpo", epsilon_low=10.0)
+    kw = dict(beta=0.1, ref_logps=ref, loss_type="bnpo", epsilon_low=10.0)
     with_ratio, stats = g.grpo_loss(logps, old, torch.tensor([0.0]), mask, use_bias_correction_kl=True, **kw)
     assert with_ratio.item() == pytest.approx(0.1 * (2 * k3[0] + k3[1]) / 2, rel=1e-6)
     plain, _ = g.grpo_loss(logps, old, torch.tensor([0.0]), mask, use_bias_correction_kl=False, **kw)
@@ -197,7 +197,7 @@ def _expected_kl_gradient(use_bias_correction_kl: bool) -> tuple[torch.Tensor, t
     for y in range(5):  # the expectation, exactly: sum over y of pi(y) * per-token loss of sampling y
         lp = logp[y].view(1, 1)
         loss, _ = g.grpo_loss(lp, lp.detach(), torch.zeros(1), torch.ones(1, 1), beta=1.0,
-                              ref_per_token_logps=ref[y].view(1, 1), loss_type="bnpo",
+                              ref_logps=ref[y].view(1, 1), loss_type="bnpo",
                               use_bias_correction_kl=use_bias_correction_kl)
         total = total + p[y] * loss
     (grad,) = torch.autograd.grad(total, theta)

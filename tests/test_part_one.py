@@ -51,7 +51,7 @@ def test_the_rule_catches_a_part_one_that_leans_on_part_two():
     source = (ROOT / "grpo_ssr.py").read_text()
     leaning = source.replace("self.eos_ids = eos_token_ids(model, tokenizer)", "self.eos_ids = lean_head(model)")
     assert leaning != source and part_one_problems(leaning) == ["Part I uses lean_head, which Part II defines"]
-    borrowing = source.replace("self.last_gen_metrics = mean_metrics(batches)", "self.last_gen_metrics = self.cfgs")
+    borrowing = source.replace("self.generation_metrics = mean_metrics(batches)", "self.generation_metrics = self.cfgs")
     assert borrowing != source and part_one_problems(borrowing) == ["GRPOStep reads self.cfgs, which Part I never sets"]
 
 

@@ -162,8 +162,8 @@ def test_weighted_reward_functions(cfg_factory):
 
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[const(1.0), const(3.0)], reward_weights=[2.0, 0.5])
     samples = trainer.generate_batch()
-    assert trainer.last_gen_metrics["reward"] == pytest.approx(2.0 * 1.0 + 0.5 * 3.0)
-    assert trainer.last_gen_metrics["rewards/const_3.0"] == 3.0
+    assert trainer.generation_metrics["reward"] == pytest.approx(2.0 * 1.0 + 0.5 * 3.0)
+    assert trainer.generation_metrics["rewards/const_3.0"] == 3.0
     assert all(float(s["advantages"]) == 0.0 for s in samples)
 
 
@@ -179,7 +179,7 @@ def test_nan_and_none_rewards_are_no_score(cfg_factory):
     lens = torch.tensor([float(len(trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()],
                                                             skip_special_tokens=True))) for s in samples])
     expected = lens + torch.tensor([0.0 if i % 4 < 2 else 10.0 for i in range(8)])
-    assert trainer.last_gen_metrics["reward"] == pytest.approx(expected.mean().item(), rel=1e-5)
+    assert trainer.generation_metrics["reward"] == pytest.approx(expected.mean().item(), rel=1e-5)
     assert trainer.counters["reward_nan"] == 4
     m = trainer.train_step()
     assert math.isfinite(m["loss"]) and m["reward_nan"] == 8
@@ -199,8 +199,8 @@ def test_unscorable_completions_get_nan_reward_zero_advantage_and_are_never_repl
     texts = [trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)
              for s in samples]
     rewards = torch.tensor([math.nan if i % 4 == 0 else -abs(20 - len(t)) for i, t in enumerate(texts)])
-    assert trainer.last_gen_metrics["reward"] == pytest.approx(rewards.nanmean().item(), rel=1e-5)
-    assert trainer.last_gen_metrics["frac_reward_unscorable"] == 0.25
+    assert trainer.generation_metrics["reward"] == pytest.approx(rewards.nanmean().item(), rel=1e-5)
+    assert trainer.generation_metrics["frac_reward_unscorable"] == 0.25
     adv = torch.stack([s["advantages"] for s in samples])
     assert (adv[::4] == 0).all()
     for grp in range(2):

@@ -274,7 +274,7 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     trainer = g.GRPOTrainer(cfg, model=model, processing_class=tok, reward_funcs=[by_label, length], train_dataset=data)
     assert trainer.dataset[0]["prompt"] == "Summarise post 0:"
     trainer.generate_batch()
-    m = trainer.last_gen_metrics
+    m = trainer.generation_metrics
     assert m["reward"] == pytest.approx(m["rewards/by_label"] + 0.5 * m["rewards/length"], rel=1e-5)
     trainer.train()
     saved = json.loads((tmp_path / "api" / "grpo_config.json").read_text())
@@ -775,7 +775,5 @@ def test_docstring_help_and_readme_tell_one_story():
     help_text = " ".join(HfArgumentParser(g.GRPOConfig).format_help().split())  # what --help prints
     readme = " ".join((ROOT / "README.md").read_text().split())
     doc = " ".join(g.__doc__.split())
-    phrase = "about a minute on a laptop CPU"
-    assert phrase in doc and phrase in help_text and phrase in readme
-    assert "half a minute" not in doc and "2 CPU minutes" not in help_text
+    assert "laptop" not in doc and "minute" not in help_text  # timings live beside the commands that measured them
     assert "TRL's default is 512" in help_text and "max_completion_length 512" in readme

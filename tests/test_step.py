@@ -99,7 +99,7 @@ def test_old_logps_forward_is_skipped_only_where_every_sample_trains_in_its_own_
                            (dict(**SSR, num_iterations=2), False),  # fill: a zero slot may keep its own sample later
                            (dict(**SSR, ssr_mode="replace"), False)):
         trainer = g.GRPOTrainer(cfg_factory(**flags))
-        assert trainer.old_from_training is skipped, flags
+        assert trainer.old_logps_at_generation is not skipped, flags
         assert all((s["old_per_token_logps"] is None) is skipped for s in trainer.generate_batch()), flags
 
 
@@ -598,22 +598,22 @@ def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_
     skipped and the first training forward's values are stored instead: they equal it, to float tolerance."""
     trainer = g.GRPOTrainer(cfg_factory(max_steps=5, per_device_train_batch_size=8, num_generations=4, **flags),
                             reward_funcs=[group_gated_reward])
-    assert trainer.old_from_training
-    separate, forwards, real_gen, real_logps = {}, [], trainer.generate_batch, trainer._logps
+    assert not trainer.old_logps_at_generation
+    separate, forwards, real_gen, real_logps = {}, [], trainer.generate_batch, trainer.completion_logps
 
-    def counting_logps(logprobs, batch):
+    def counting_logps(model, batch):
         forwards.append(torch.is_grad_enabled())  # no_grad inside generate_batch, grad in training
-        return real_logps(logprobs, batch)
+        return real_logps(model, batch)
 
     def generate_batch():
         samples = real_gen()
         assert all(s["old_per_token_logps"] is None for s in samples)
         with torch.no_grad():  # what the skipped forward would give, at the weights that sampled the batch
-            logps = real_logps(trainer.logprobs, g.combine_tensor_dict(samples))
+            logps = real_logps(trainer.model, g.combine_tensor_dict(samples))
         separate.update({s["uid"]: (row, s["completion_mask"].bool()) for s, row in zip(samples, logps)})
         return samples
 
-    trainer._logps, trainer.generate_batch = counting_logps, generate_batch
+    trainer.completion_logps, trainer.generate_batch = counting_logps, generate_batch
     checked, replayed = 0, 0
     for _ in range(5):
         m = trainer.train_step()
@@ -631,5 +631,5 @@ def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_
 
 def test_replace_mode_still_computes_old_logps_at_generation(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(**SSR, ssr_mode="replace", max_steps=1), reward_funcs=[group_gated_reward])
-    assert not trainer.old_from_training
+    assert trainer.old_logps_at_generation
     assert all(s["old_per_token_logps"] is not None for s in trainer.generate_batch())
