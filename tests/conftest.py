@@ -17,16 +17,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import grpo_ssr  # noqa: E402
 
-
 # Command-line flags for a two-step run of the tiny model: 8 completions a step, groups of 4, 8 new tokens.
-SMALL = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4",
-         "--max_completion_length", "8", "--device", "cpu"]
+SMALL = [
+    "--max_steps",
+    "2",
+    "--per_device_train_batch_size",
+    "8",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "8",
+    "--device",
+    "cpu",
+]
 
 
 def small_config(tmp_path, **overrides) -> grpo_ssr.GRPOConfig:
     """A few fast steps of the tiny model: 8 completions a micro-batch, groups of 4, 16 new tokens."""
-    base = dict(output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=16, device="cpu", seed=0)
+    base = dict(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=16,
+        device="cpu",
+        seed=0,
+    )
     base.update(overrides)
     return grpo_ssr.GRPOConfig(**base)
 
@@ -54,8 +70,14 @@ def tiny():
 
 def cli(args, cwd, timeout=180):
     """Run grpo_ssr.py as a separate process, as a user would."""
-    return subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        [sys.executable, str(ROOT / "grpo_ssr.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -121,8 +143,12 @@ def notebook_runs(request, long_runs):
     """The notebooks this session selected, each executed top to bottom: path -> future."""
     chosen = [item.callspec.params["path"] for item in request.session.items if "notebook_runs" in item.fixturenames]
     chosen.sort(key=lambda path: path.name != "06_real_model.ipynb")  # the longest (the real model's) first
-    return {path: long_runs.submit(subprocess.run, [sys.executable, "-c", EXECUTE, str(path)], capture_output=True,
-                                   text=True, timeout=1200) for path in chosen}
+    return {
+        path: long_runs.submit(
+            subprocess.run, [sys.executable, "-c", EXECUTE, str(path)], capture_output=True, text=True, timeout=1200
+        )
+        for path in chosen
+    }
 
 
 @pytest.fixture(scope="session")
@@ -136,7 +162,7 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
-QUICK_START = '''\
+QUICK_START = """\
 from datasets import load_dataset
 from grpo_ssr import GRPOConfig, GRPOTrainer
 dataset = load_dataset("trl-lib/tldr", split="train")
@@ -144,10 +170,10 @@ def reward_len(completions, **kwargs):
     return [-abs(20 - len(completion)) for completion in completions]
 trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=reward_len, train_dataset=dataset)
 trainer.train()
-'''
+"""
 
 
-SEED_EXAMPLE = '''\
+SEED_EXAMPLE = """\
 from datasets import load_dataset
 from grpo_ssr import GRPOConfig, GRPOTrainer
 
@@ -163,7 +189,7 @@ training_args = GRPOConfig(output_dir="Qwen2-0.5B-GRPO", logging_steps=10, repla
 trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=reward_len, args=training_args,
                       train_dataset=dataset)
 trainer.train()
-'''
+"""
 
 
 @pytest.fixture(scope="session")
@@ -187,8 +213,13 @@ def offline_hub(tmp_path_factory, tiny_folder):
     rows = [{**r, "completion": " A short summary."} for r in grpo_ssr.builtin_prompts()]
     Dataset.from_list(rows).to_parquet(parquet)
     build = home / "build"
-    Parquet(cache_dir=str(build), dataset_name="tldr", config_name="default", hash=commit,
-            data_files={"train": str(parquet)}).download_and_prepare()
+    Parquet(
+        cache_dir=str(build),
+        dataset_name="tldr",
+        config_name="default",
+        hash=commit,
+        data_files={"train": str(parquet)},
+    ).download_and_prepare()
     prepared = next((build / "tldr").glob("default*"))  # its config id hashes the local file's path
     shutil.move(str(prepared), str(home / "datasets" / "trl-lib___tldr" / "default"))
     for lock in (home / "datasets").rglob("*.lock"):
@@ -199,19 +230,27 @@ def offline_hub(tmp_path_factory, tiny_folder):
 def _run_snippet(code: str, home, cwd):
     cwd.mkdir()
     (cwd / "snippet.py").write_text(code)
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    env = {
+        **os.environ,
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "TQDM_DISABLE": "1",
+    }
     env.pop("HF_HUB_CACHE", None), env.pop("HF_DATASETS_CACHE", None)
-    return subprocess.run([sys.executable, "snippet.py"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([sys.executable, "snippet.py"], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="session")
 def snippet_runs(offline_hub, tmp_path_factory, long_runs):
     """TRL's quick start and the seed pull request's example, each run as a script: name -> (future, folder)."""
     cwd = tmp_path_factory.mktemp("snippets")
-    return {name: (long_runs.submit(_run_snippet, code, offline_hub, cwd / name), cwd / name)
-            for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))}
+    return {
+        name: (long_runs.submit(_run_snippet, code, offline_hub, cwd / name), cwd / name)
+        for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))
+    }
 
 
 def error_line(capsys) -> str:

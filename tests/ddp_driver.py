@@ -10,6 +10,7 @@ the ranks); rank 0 saves the gradient and the updated parameters to OUT_DIR/fixe
 process it also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what DDP's
 averaging gives) to OUT_DIR/fixed-{loss_type}-1x2.pt.
 """
+
 import sys
 from pathlib import Path
 
@@ -31,37 +32,67 @@ def fixed_samples(pad_id: int) -> list[dict]:
         prompt_mask = (torch.arange(8) >= 8 - p_len).long()
         completion = torch.randint(0, 256, (9,), generator=gen)
         completion_mask = (torch.arange(9) < c_len).long()
-        out.append({"prompt_ids": torch.where(prompt_mask.bool(), prompt, pad_id), "prompt_mask": prompt_mask,
-                    "completion_ids": torch.where(completion_mask.bool(), completion, pad_id),
-                    "completion_mask": completion_mask, "old_per_token_logps": None, "ref_per_token_logps": None,
-                    "advantages": torch.randn((), generator=gen), "uid": i, "step": 0})
+        out.append(
+            {
+                "prompt_ids": torch.where(prompt_mask.bool(), prompt, pad_id),
+                "prompt_mask": prompt_mask,
+                "completion_ids": torch.where(completion_mask.bool(), completion, pad_id),
+                "completion_mask": completion_mask,
+                "old_per_token_logps": None,
+                "ref_per_token_logps": None,
+                "advantages": torch.randn((), generator=gen),
+                "uid": i,
+                "step": 0,
+            }
+        )
     return out
 
 
 def main(out_dir: str, mode: str) -> None:
     out = Path(out_dir)
     if mode == "train":
-        cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=3, device="cpu", per_device_train_batch_size=8,
-                           num_generations=4, max_completion_length=8, overwrite_output_dir=True)
+        cfg = g.GRPOConfig(
+            output_dir=str(out / "run"),
+            max_steps=3,
+            device="cpu",
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=8,
+            overwrite_output_dir=True,
+        )
         trainer = g.GRPOTrainer(cfg)
         trainer.train()
         torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
         return
     if mode == "dynamic":
-        cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=2, device="cpu", per_device_train_batch_size=8,
-                           gradient_accumulation_steps=2, num_generations=4, max_completion_length=8,
-                           dynamic_sampling=True, max_generation_retries=0, eval_steps=0, overwrite_output_dir=True)
+        cfg = g.GRPOConfig(
+            output_dir=str(out / "run"),
+            max_steps=2,
+            device="cpu",
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=2,
+            num_generations=4,
+            max_completion_length=8,
+            dynamic_sampling=True,
+            max_generation_retries=0,
+            eval_steps=0,
+            overwrite_output_dir=True,
+        )
         trainer = g.GRPOTrainer(cfg, reward_funcs=uneven_spread)
         history = trainer.train()
-        torch.save({"params": [p.detach() for p in trainer.model.parameters()], "history": history},
-                   out / f"dynamic-{trainer.dist.rank}.pt")
+        torch.save(
+            {"params": [p.detach() for p in trainer.model.parameters()], "history": history},
+            out / f"dynamic-{trainer.dist.rank}.pt",
+        )
         return
     world = int(g.os.environ.get("WORLD_SIZE", "1"))
     for loss_type in g.LOSS_TYPES:
         grads, trainer = one_step(out, loss_type, world, None)
         if trainer.dist.rank == 0:
-            torch.save({"grads": grads, "params": [p.detach() for p in trainer.model.parameters()]},
-                       out / f"fixed-{loss_type}-{world}.pt")
+            torch.save(
+                {"grads": grads, "params": [p.detach() for p in trainer.model.parameters()]},
+                out / f"fixed-{loss_type}-{world}.pt",
+            )
         if world == 1:  # each half on its own: the gradients 2 ranks would compute before DDP averages them
             halves = [one_step(out, loss_type, 2, r)[0] for r in range(2)]
             torch.save({"grads": [sum(gs) / 2 for gs in zip(*halves)]}, out / f"fixed-{loss_type}-1x2.pt")
@@ -75,12 +106,21 @@ def uneven_spread(completions, **kwargs) -> list[float]:
 
 def one_step(out: Path, loss_type: str, world: int, share=None):
     """One train_step on this rank's share (or on share `share` of `world`); returns the gradient and the trainer."""
-    cfg = g.GRPOConfig(output_dir=str(out / "fixed"), max_steps=1, device="cpu", loss_type=loss_type,
-                       per_device_train_batch_size=TOTAL // world, num_generations=4, max_completion_length=9,
-                       replay_buffer_class="ReplayBuffer", max_grad_norm=1e9, learning_rate=1e-2)
+    cfg = g.GRPOConfig(
+        output_dir=str(out / "fixed"),
+        max_steps=1,
+        device="cpu",
+        loss_type=loss_type,
+        per_device_train_batch_size=TOTAL // world,
+        num_generations=4,
+        max_completion_length=9,
+        replay_buffer_class="ReplayBuffer",
+        max_grad_norm=1e9,
+        learning_rate=1e-2,
+    )
     trainer = g.GRPOTrainer(cfg)
     rank = trainer.dist.rank if share is None else share
-    share = fixed_samples(trainer.tokenizer.pad_token_id)[rank * TOTAL // world:(rank + 1) * TOTAL // world]
+    share = fixed_samples(trainer.tokenizer.pad_token_id)[rank * TOTAL // world : (rank + 1) * TOTAL // world]
     trainer.generate_batch = lambda: share
     grads = {}
     real_step = trainer.optimizer.step

@@ -1,11 +1,11 @@
 """Replay buffers and repad (Part I, 6): split and combine, repad, the uniform and the SSR buffer by hand and
 statistically (fixed seeds), the age decay and the age limit, state dicts, and make_buffer."""
+
 import numpy as np
 import pytest
 import torch
 
 import grpo_ssr as g
-
 
 # --- split, combine and repad -----------------------------------------------------------------------------------------
 
@@ -14,14 +14,24 @@ PAD = 0
 
 def _sample(prompt, p_mask, comp, c_mask, old=None, ref=None, adv=1.0):
     t = lambda x, dt=torch.long: torch.tensor(x, dtype=dt)
-    return {"prompt_ids": t(prompt), "prompt_mask": t(p_mask), "completion_ids": t(comp),
-            "completion_mask": t(c_mask), "old_per_token_logps": None if old is None else t(old, torch.float),
-            "ref_per_token_logps": None if ref is None else t(ref, torch.float), "advantages": t(adv, torch.float)}
+    return {
+        "prompt_ids": t(prompt),
+        "prompt_mask": t(p_mask),
+        "completion_ids": t(comp),
+        "completion_mask": t(c_mask),
+        "old_per_token_logps": None if old is None else t(old, torch.float),
+        "ref_per_token_logps": None if ref is None else t(ref, torch.float),
+        "advantages": t(adv, torch.float),
+    }
 
 
 def test_split_then_combine_round_trip():
-    batch = {"prompt_ids": torch.arange(6).view(3, 2), "advantages": torch.tensor([1.0, 2.0, 3.0]),
-             "old_per_token_logps": None, "uid": [10, 11, 12]}
+    batch = {
+        "prompt_ids": torch.arange(6).view(3, 2),
+        "advantages": torch.tensor([1.0, 2.0, 3.0]),
+        "old_per_token_logps": None,
+        "uid": [10, 11, 12],
+    }
     samples = g.split_tensor_dict(batch)
     assert len(samples) == 3 and samples[1]["prompt_ids"].tolist() == [2, 3] and samples[2]["uid"] == 12
     assert samples[0]["old_per_token_logps"] is None
@@ -64,6 +74,7 @@ def test_repad_already_tight_is_identity():
 
 
 # --- the uniform buffer and the SSR buffer ----------------------------------------------------------------------------
+
 
 def _items(advs):
     return [{"uid": i, "advantages": torch.tensor(float(a))} for i, a in enumerate(advs)]
@@ -159,8 +170,13 @@ def _checkpoint_round_trip(buf, copy):
     import io
 
     blob = io.BytesIO()
-    torch.save({"buffer": {k: v for k, v in vars(buf).items() if k != "generator"},
-                "buffer_generator": buf.generator.get_state()}, blob)
+    torch.save(
+        {
+            "buffer": {k: v for k, v in vars(buf).items() if k != "generator"},
+            "buffer_generator": buf.generator.get_state(),
+        },
+        blob,
+    )
     blob.seek(0)
     own = torch.load(blob, weights_only=False)
     assert "generator" not in own["buffer"]
@@ -196,8 +212,9 @@ AGED_STEPS = [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def _aged_items(advs=AGED_ADVS, steps=AGED_STEPS, first_uid=0):
-    return [{"uid": first_uid + i, "advantages": torch.tensor(a), "step": s}
-            for i, (a, s) in enumerate(zip(advs, steps))]
+    return [
+        {"uid": first_uid + i, "advantages": torch.tensor(a), "step": s} for i, (a, s) in enumerate(zip(advs, steps))
+    ]
 
 
 def test_ssr_draws_follow_the_age_decayed_priority():
@@ -206,15 +223,16 @@ def test_ssr_draws_follow_the_age_decayed_priority():
     buf.add(_aged_items())
     buf.advance_to(3)
     e = np.exp
-    target = np.array([1.0 * e(-1.5), 2.0 * e(-1.5), 0.5 * e(-1.0), 3.0 * e(-1.0),
-                       1.0 * e(-0.5), 2.0 * e(-0.5), 1.5, 0.5])
+    target = np.array(
+        [1.0 * e(-1.5), 2.0 * e(-1.5), 0.5 * e(-1.0), 3.0 * e(-1.0), 1.0 * e(-0.5), 2.0 * e(-0.5), 1.5, 0.5]
+    )
     target = target / target.sum()
     assert np.allclose(buf.probabilities().numpy(), target)
     counts = np.bincount([s["uid"] for s in buf.sample(40_000)], minlength=8)
     assert _chi2(counts, target) < CHI2_CRIT_7DOF
     plain = np.abs(AGED_ADVS) / np.abs(AGED_ADVS).sum()  # power: the undecayed |A| is told apart
     assert _chi2(counts, plain) > 10 * CHI2_CRIT_7DOF
-    assert g.effective_sample_size(buf) == pytest.approx(1 / (target ** 2).sum())
+    assert g.effective_sample_size(buf) == pytest.approx(1 / (target**2).sum())
 
 
 def test_ssr_age_limit_evicts_and_never_draws_old_samples():
@@ -273,6 +291,7 @@ def test_aged_buffer_state_dict_round_trip():
 
 
 # --- make_buffer ------------------------------------------------------------------------------------------------------
+
 
 def test_short_aliases_select_the_same_buffers(cfg_factory):
     assert type(g.make_buffer(cfg_factory(replay_buffer_class="ssr"))) is g.SSRReplayBuffer

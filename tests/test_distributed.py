@@ -1,4 +1,5 @@
 """torchrun with 2 CPU processes (gloo): the CLI runs, ranks stay in step, N ranks equal one big batch, resume works."""
+
 import os
 import subprocess
 import sys
@@ -19,8 +20,20 @@ def torchrun(*args, nproc=2, timeout=300):
     return proc
 
 
-CLI = ["--max_steps", "4", "--device", "cpu", "--per_device_train_batch_size", "8", "--num_generations", "4",
-       "--max_completion_length", "8", "--save_steps", "2"]
+CLI = [
+    "--max_steps",
+    "4",
+    "--device",
+    "cpu",
+    "--per_device_train_batch_size",
+    "8",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "8",
+    "--save_steps",
+    "2",
+]
 
 
 def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(tmp_path):
@@ -41,8 +54,13 @@ def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(tmp_path):
     for a, b in zip(full[2:], resumed[2:]):
         assert a["reward"] == b["reward"] and a["loss"] == b["loss"], (a, b)
 
-    one = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *CLI, "--output_dir", out,
-                          "--resume_from_checkpoint", ckpt], capture_output=True, text=True, env=ENV, timeout=300)
+    one = subprocess.run(
+        [sys.executable, str(ROOT / "grpo_ssr.py"), *CLI, "--output_dir", out, "--resume_from_checkpoint", ckpt],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert one.returncode == 2 and "same number" in one.stderr
 
 

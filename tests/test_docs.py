@@ -1,5 +1,6 @@
 """The README tells the truth about the file: its reading map of Part I is the one the file's banners give, and
 Part I keeps to its budget."""
+
 import ast
 import re
 import shlex
@@ -15,12 +16,18 @@ def reading_map(source: str) -> str:
     part2 = next(i for i, line in enumerate(lines, 1) if line.startswith("# Part II"))
     titles = [(i, line[2:]) for i, line in enumerate(lines, 1) if re.match(r"# \d\. ", line) and i < part2]
     tree = ast.parse(source)
-    rows = ["| lines | section | defines |", "|---|---|---|",
-            f"| 1-{titles[0][0] - 1} | the docstring, imports and the Part I banner | |"]
+    rows = [
+        "| lines | section | defines |",
+        "|---|---|---|",
+        f"| 1-{titles[0][0] - 1} | the docstring, imports and the Part I banner | |",
+    ]
     for k, (start, title) in enumerate(titles):
         end = (titles[k + 1][0] if k + 1 < len(titles) else part2 - 1) - 1
-        names = [n.name if hasattr(n, "name") else n.targets[0].id for n in tree.body
-                 if start < n.lineno <= end and (hasattr(n, "name") or isinstance(n, ast.Assign))]
+        names = [
+            n.name if hasattr(n, "name") else n.targets[0].id
+            for n in tree.body
+            if start < n.lineno <= end and (hasattr(n, "name") or isinstance(n, ast.Assign))
+        ]
         names = [n for n in names if not n.startswith("_")]
         heading = title.split(":")[0].split(";")[0].rstrip(".")
         rows.append(f"| {start}-{end} | {heading} | {', '.join(f'`{n}`' for n in names)} |")

@@ -1,5 +1,6 @@
 """DAPO's dynamic sampling through the real loop: what a step that makes several generation batches logs, and how it
 weighs the rows of a part batch."""
+
 import pytest
 import torch
 
@@ -16,12 +17,20 @@ def spread_for(*kept):
     def reward(completions, prompts, **kwargs):
         calls.append(len(completions))
         return [float(i % 4) if p in kept else 0.0 for i, p in enumerate(prompts)]
+
     return reward, calls
 
 
 def dapo_trainer(cfg_factory, reward, **overrides):
-    cfg = cfg_factory(replay_buffer_class="ReplayBuffer", dynamic_sampling=True, per_device_train_batch_size=8,
-                      gradient_accumulation_steps=2, num_generations=4, eval_steps=0, **overrides)
+    cfg = cfg_factory(
+        replay_buffer_class="ReplayBuffer",
+        dynamic_sampling=True,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        eval_steps=0,
+        **overrides,
+    )
     return g.GRPOTrainer(cfg, reward_funcs=reward, train_dataset=PROMPTS)
 
 

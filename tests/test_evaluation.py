@@ -1,5 +1,6 @@
 """Held-out evaluation (Part II): evaluate() on the tiny model, which data set is held out, --eval_steps lines through
 the real training loop, the binary reward's accuracy, and --eval_only's before/after table."""
+
 import pytest
 import torch
 
@@ -24,9 +25,15 @@ def test_evaluate_on_the_tiny_model(tiny):
     # greedy is argmax decoding: it matches transformers' greedy generate on each prompt
     for row, text in zip(rows, greedy):
         ids = tok(row["prompt"], return_tensors="pt", add_special_tokens=False).input_ids
-        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        assert tok.decode(ref[0, ids.size(1):], skip_special_tokens=True) == text
+        ref = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        assert tok.decode(ref[0, ids.size(1) :], skip_special_tokens=True) == text
     assert m["eval_greedy_reward"] == pytest.approx(sum(g.reward_len(greedy)) / 3)
     assert m["eval_reward"] == pytest.approx(sum(g.reward_len(sampled)) / 15)
     assert "eval_accuracy" not in m and m["eval_prompts"] == 3  # reward_len is not binary
@@ -57,14 +64,15 @@ def test_evaluate_prefills_once_and_draws_what_two_generate_calls_draw(tiny, mon
 
     def texts(batch):
         mask = batch["completion_mask"]
-        return tok.batch_decode(batch["completion_ids"] * mask + tok.pad_token_id * (1 - mask),
-                                skip_special_tokens=True)
+        return tok.batch_decode(
+            batch["completion_ids"] * mask + tok.pad_token_id * (1 - mask), skip_special_tokens=True
+        )
 
     expected = {"greedy": [], "sampled": []}
     with torch.random.fork_rng():
         torch.manual_seed(7)
         for s in range(0, 5, 3):
-            prompts = g.prompt_texts(rows[s:s + 3], tok)
+            prompts = g.prompt_texts(rows[s : s + 3], tok)
             expected["greedy"] += texts(g.generate_completions(model, tok, prompts, 1, 512, 10, greedy=True))
             expected["sampled"] += texts(g.generate_completions(model, tok, prompts, 3, 512, 10, temperature=1.0))
     assert seen[0] + seen[2] == expected["greedy"] and seen[1] + seen[3] == expected["sampled"]
@@ -133,8 +141,22 @@ def test_eval_only_prints_the_before_after_table(cfg_factory, capsys):
     g.run(cfg)
     _, evals = metrics_lines(g.Path(cfg.output_dir))
     capsys.readouterr()
-    assert g.main(["--eval_only", "--output_dir", cfg.output_dir, "--eval_num_generations", "2",
-                   "--max_completion_length", "16", "--device", "cpu"]) == 0
+    assert (
+        g.main(
+            [
+                "--eval_only",
+                "--output_dir",
+                cfg.output_dir,
+                "--eval_num_generations",
+                "2",
+                "--max_completion_length",
+                "16",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].split()[0] == "tiny" and lines[-1].split()[0] == cfg.output_dir
     # the same numbers as the run's own evaluations before and after training

@@ -15,10 +15,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "notebooks" / "course"), str(ROOT / "notebooks" / "study")]
 
-import checks  # noqa: E402
 import solutions  # noqa: E402
 from solutions import nb02, nb03, nb04, nb06, nb08, study01  # noqa: E402
 
+import checks  # noqa: E402
 import grpo_ssr  # noqa: E402
 
 
@@ -45,31 +45,34 @@ def _all_wrong_share(completions, answers, num_generations, reward_func=grpo_ssr
 
 
 WRONG = {
-    "01.1": 11,                                          # characters, not bytes
+    "01.1": 11,  # characters, not bytes
     "01.2": [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]],  # kept the second EOS
-    "01.3": (0.6652, 0.9999),                            # softmax(logits) at T = 1 for the first
-    "02.1": 0.7 ** 4,                                    # forgot the all-success groups
+    "01.3": (0.6652, 0.9999),  # softmax(logits) at T = 1 for the first
+    "02.1": 0.7**4,  # forgot the all-success groups
     "02.2": _plain_mean_baseline,
-    "03.1": ((1.5, 1.0), (-1.5, -1.0)),                  # ignored the clip
-    "03.2": 1.0,                                         # log pi - log pi_ref, the k1 term
+    "03.1": ((1.5, 1.0), (-1.5, -1.0)),  # ignored the clip
+    "03.2": 1.0,  # log pi - log pi_ref, the k1 term
     "03.3": lambda x, mask, dim=None: (x * mask).mean() if dim is None else (x * mask).mean(dim),  # pads counted
     "03.4": lambda losses, masks: [(l * m).sum() / m.sum() / len(masks) for l, m in zip(losses, masks)],  # bnpo
     "04.1": (0.5, 0.5),
     "04.2": (3.0, 3.0),
     "04.3": lambda adv, age, alpha, tau: nb04.aged_probabilities(adv, age * 0, alpha, tau),  # no decay
-    "06.1": (5, 5),                                      # read both rules as "anywhere"
-    "06.2": grpo_ssr.extract_answer,                     # the lenient first number: "7 + 5 = 12" gives 7
+    "06.1": (5, 5),  # read both rules as "anywhere"
+    "06.2": grpo_ssr.extract_answer,  # the lenient first number: "7 + 5 = 12" gives 7
     "06.3": _all_wrong_share,
-    "08.1": 0.0,                                         # "the loss is 0": the lengths weigh the advantages
+    "08.1": 0.0,  # "the loss is 0": the lengths weigh the advantages
     "08.2": lambda logits, k: 1 / torch.softmax(logits, -1).topk(k, -1).values.sum(-1),  # pi_sampler / pi
-    "08.3": (1.728, 0.075),                              # the population std (ddof 0), not TRL's unbiased one
+    "08.3": (1.728, 0.075),  # the population std (ddof 0), not TRL's unbiased one
     "S01.1": _unpaired_bootstrap,
-    "S01.2": (0.962, 3.372),                             # sample_age over those steps: age is not distance
+    "S01.2": (0.962, 3.372),  # sample_age over those steps: age is not distance
 }
 
 
-@pytest.mark.parametrize("wrong", [_interval_of_the_seeds, (0.0632, 0.0574), (0.015288, 0.018906)],
-                         ids=["percentiles of the differences", "whole run", "swapped"])
+@pytest.mark.parametrize(
+    "wrong",
+    [_interval_of_the_seeds, (0.0632, 0.0574), (0.015288, 0.018906)],
+    ids=["percentiles of the differences", "whole run", "swapped"],
+)
 def test_study_checks_reject_other_mistakes(wrong):
     with pytest.raises(checks.NotYet, match="not yet"):
         checks.check("S01.1" if callable(wrong) else "S01.2", wrong)
@@ -103,11 +106,19 @@ def test_a_wrong_answer_shows_one_line_in_a_notebook():
     import nbformat
     from nbclient import NotebookClient
 
-    cells = ["import sys; sys.path.insert(0, 'course'); sys.path.insert(0, '..')\nimport checks",
-             'checks.check("04.1", (0.5, 0.5))', 'checks.check("04.1", (0.5, 2 / 3))']
+    cells = [
+        "import sys; sys.path.insert(0, 'course'); sys.path.insert(0, '..')\nimport checks",
+        'checks.check("04.1", (0.5, 0.5))',
+        'checks.check("04.1", (0.5, 2 / 3))',
+    ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    NotebookClient(
+        nb,
+        timeout=300,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(ROOT / "notebooks")}},
+    ).execute()
     wrong, right = nb.cells[1].outputs, nb.cells[2].outputs
     assert [o.output_type for o in wrong] == ["error"] and wrong[0].ename == "NotYet"
     assert len(wrong[0].traceback) == 1 and "Traceback" not in wrong[0].traceback[0]
@@ -127,24 +138,26 @@ def test_solutions_behave_beyond_the_checked_cases():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
     assert torch.allclose(nb02.leave_one_out_advantages(r, 4), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
     p = nb04.aged_probabilities(torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), 1.0, 1.0)
-    assert torch.allclose(p, torch.tensor([1.0, torch.e ** -1.0], dtype=torch.float64) / (1 + torch.e ** -1.0))
+    assert torch.allclose(p, torch.tensor([1.0, torch.e**-1.0], dtype=torch.float64) / (1 + torch.e**-1.0))
     assert nb03.masked_mean(torch.ones(2, 3), torch.zeros(2, 3), dim=1).tolist() == [0.0, 0.0]
     # the paired bootstrap agrees with the study script's own interval on the study's data (same resampling)
     import run_study
 
-    auc = {(r["arm"], r["seed"]): run_study.eval_measures(r, [])["auc"] for r in study01.RUNS
-           if r["learning_rate"] == 3e-4}
+    auc = {
+        (r["arm"], r["seed"]): run_study.eval_measures(r, [])["auc"] for r in study01.RUNS if r["learning_rate"] == 3e-4
+    }
     arm, base = (np.array([auc[(a, s)] for s in range(8)]) for a in ("ssr_fill_decay", "grpo"))
     summary = json.loads((ROOT / "notebooks" / "study" / "results" / "replay_study" / "summary.json").read_text())
     want = summary["cells"]["0.0003"]["ssr_fill_decay"]["vs_grpo_eval"]["auc"]
     assert np.allclose(study01.paired_bootstrap(arm, base), [want["mean"], *want["ci95"]], atol=1e-5)
     assert nb06.strict_answer("\t42 ") == 42.0 and nb06.strict_answer("42 is it") is None
     chat = [[{"role": "assistant", "content": t}] for t in ("3", "4", "3", "3")]  # chat completions, as the trainer
-    assert nb06.zero_spread_share(chat, [3, 3, 3, 3], 2) == 0.5                  # passes them for chat prompts
+    assert nb06.zero_spread_share(chat, [3, 3, 3, 3], 2) == 0.5  # passes them for chat prompts
     # the loss of exercise 08.1 is grpo_loss's; the top-k ratio is 1 when k is the whole vocabulary
     mask = (torch.arange(6)[None] < torch.tensor([2, 4, 4, 6])[:, None]).long()
-    loss, _ = grpo_ssr.grpo_loss(torch.zeros(4, 6), torch.zeros(4, 6),
-                                 grpo_ssr.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4), mask)
+    loss, _ = grpo_ssr.grpo_loss(
+        torch.zeros(4, 6), torch.zeros(4, 6), grpo_ssr.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4), mask
+    )
     assert abs(nb08.loss_8_1 - loss.item()) < 1e-6
     assert torch.allclose(nb08.first_iteration_ratio(torch.randn(3, 9), 9), torch.ones(3, dtype=torch.float64))
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))

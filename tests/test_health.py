@@ -1,5 +1,6 @@
 """The health report names a failure only when a run's own metrics show it: each message through the real loop,
 and silence on a healthy run."""
+
 import pytest
 
 import grpo_ssr as g
@@ -7,8 +8,14 @@ import grpo_ssr as g
 
 def run(cfg_factory, reward_funcs=None, **overrides):
     """A short tiny-model run at the default batch and completion length; returns its trainer's health report."""
-    defaults = dict(max_steps=12, eval_steps=0, per_device_train_batch_size=16, num_generations=8,
-                    max_completion_length=64, overwrite_output_dir=True)
+    defaults = dict(
+        max_steps=12,
+        eval_steps=0,
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=64,
+        overwrite_output_dir=True,
+    )
     trainer = g.GRPOTrainer(cfg_factory(**{**defaults, **overrides}), reward_funcs=reward_funcs)
     trainer.train()
     return trainer.health()
@@ -19,8 +26,15 @@ def constant(completions, **kwargs):
 
 
 def names(report: list[str]) -> list[str]:
-    keys = {"never ended": "truncated", "no reward spread": "no_spread", "did not move": "flat",
-            "at every evaluation": "heldout_flat", "exactly 0": "zero_grad", "stale": "stale", "made no update": "skip"}
+    keys = {
+        "never ended": "truncated",
+        "no reward spread": "no_spread",
+        "did not move": "flat",
+        "at every evaluation": "heldout_flat",
+        "exactly 0": "zero_grad",
+        "stale": "stale",
+        "made no update": "skip",
+    }
     return sorted({name for line in report for key, name in keys.items() if key in line})
 
 
@@ -37,8 +51,11 @@ def test_groups_without_spread_and_a_zero_gradient_are_named(cfg_factory):
     """A constant reward: every group has zero spread, every advantage is 0, and so is every gradient."""
     report = run(cfg_factory, reward_funcs=constant)
     assert names(report) == ["no_spread", "zero_grad"]
-    assert any("100% of groups had no reward spread, so their advantages were 0; 100% of the trained samples taught "
-               "nothing" in line for line in report)
+    assert any(
+        "100% of groups had no reward spread, so their advantages were 0; 100% of the trained samples taught "
+        "nothing" in line
+        for line in report
+    )
     assert any("exactly 0 on 12 of 12 trained steps" in line for line in report)
 
 
@@ -60,8 +77,9 @@ def test_stale_replays_are_named(cfg_factory):
 @pytest.mark.slow
 def test_steps_without_an_update_are_named(cfg_factory):
     """SSR and a constant reward: nothing is ever stored, so every step is skipped after its retries."""
-    report = run(cfg_factory, reward_funcs=constant, max_steps=3, max_generation_retries=0,
-                 replay_buffer_class="SSRReplayBuffer")
+    report = run(
+        cfg_factory, reward_funcs=constant, max_steps=3, max_generation_retries=0, replay_buffer_class="SSRReplayBuffer"
+    )
     assert "skip" in names(report) and any("3 step(s) made no update: nothing to train on" in l for l in report)
 
 
@@ -69,19 +87,30 @@ def test_steps_without_an_update_are_named(cfg_factory):
 def test_non_finite_steps_are_named(cfg_factory, monkeypatch):
     """A loss that is not finite (planted in the real loop's loss) makes no update, and the report says so."""
     real = g.grpo_loss
-    monkeypatch.setattr(g, "grpo_loss", lambda *a, **kw: (lambda loss, stats: (loss * float("nan"), stats))(
-        *real(*a, **kw)))
+    monkeypatch.setattr(
+        g, "grpo_loss", lambda *a, **kw: (lambda loss, stats: (loss * float("nan"), stats))(*real(*a, **kw))
+    )
     report = run(cfg_factory, max_steps=3)
     assert any("3 step(s) made no update: a non-finite loss or gradient" in line for line in report), report
 
 
 def test_held_out_answers_that_change_without_changing_the_score_are_not_called_unchanged():
     """The trial's run: the greedy completions went from 64 tokens to 1 (EOS first) and both scored -20."""
-    evals = [{"step": s, "eval_reward": r, "eval_completion_length": 30.0, "eval_greedy_reward": -20.0,
-              "eval_greedy_completion_length": n} for s, r, n in ((0, -31.6, 64.0), (50, -12.1, 1.0), (100, -12.0, 1.0))]
+    evals = [
+        {
+            "step": s,
+            "eval_reward": r,
+            "eval_completion_length": 30.0,
+            "eval_greedy_reward": -20.0,
+            "eval_greedy_completion_length": n,
+        }
+        for s, r, n in ((0, -31.6, 64.0), (50, -12.1, 1.0), (100, -12.0, 1.0))
+    ]
     report = g.health_report([], evals, g.GRPOConfig())
-    assert report == ["health: the held-out greedy reward was -20 at every evaluation (steps 0 to 100), while its "
-                      "answers changed (mean length 64 -> 1 tokens): the change did not reach the reward."]
+    assert report == [
+        "health: the held-out greedy reward was -20 at every evaluation (steps 0 to 100), while its "
+        "answers changed (mean length 64 -> 1 tokens): the change did not reach the reward."
+    ]
     same = [dict(e, eval_greedy_completion_length=64.0) for e in evals]
     assert "nothing shows the policy changed what it answers" in g.health_report([], same, g.GRPOConfig())[0]
 
@@ -96,8 +125,14 @@ def test_groups_without_spread_that_replay_filled_are_not_called_taught_nothing(
 
 def test_the_thresholds_decide(monkeypatch):
     """The report reads the metrics lines alone: a line just past a threshold is named, one just short is not."""
-    line = {"step": 1, "reward": 0.0, "reward_std": 1.0, "frac_truncated": 0.95, "frac_reward_zero_std": 0.4,
-            "grad_norm": 1.0}
+    line = {
+        "step": 1,
+        "reward": 0.0,
+        "reward_std": 1.0,
+        "frac_truncated": 0.95,
+        "frac_reward_zero_std": 0.4,
+        "grad_norm": 1.0,
+    }
     cfg = g.GRPOConfig()
     assert names(g.health_report([line] * 4, [], cfg)) == ["truncated"]
     monkeypatch.setattr(g, "TRUNCATED", 0.96)
@@ -110,5 +145,6 @@ def test_the_default_run_is_healthy_and_says_so_by_saying_nothing(default_run):
     out = default_run[0]
     assert out.returncode == 0, out.stderr[-2000:]
     assert "health:" not in out.stdout + out.stderr
-    assert out.stdout.splitlines()[0].startswith("model tiny on cpu (float32); task builtin, reward reward_len; "
-                                                 "plain GRPO; 250 step(s) of 16 completions")
+    assert out.stdout.splitlines()[0].startswith(
+        "model tiny on cpu (float32); task builtin, reward reward_len; plain GRPO; 250 step(s) of 16 completions"
+    )

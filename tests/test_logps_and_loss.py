@@ -1,6 +1,7 @@
 """Log-probabilities and the loss (Part I, 4-5, and Part II's memory-lean path): per_token_logps against the full
 logits, grpo_loss by hand for every loss_type, the k3 KL and its bias correction, gradient accumulation against one
 big batch, and the lean path (values, gradients, memory, and the probe that turns it off)."""
+
 import math
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from conftest import scripted_sampler
 def _full_logits_logps(model, ids, attn, keep, temperature):
     """The plain way, to compare with: the model's full logits, log-softmax, gather (gradients flow)."""
     pos = (attn.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits[:, -keep - 1:-1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits[:, -keep - 1 : -1]
     return torch.log_softmax(logits.float() / temperature, -1).gather(-1, ids[:, -keep:, None]).squeeze(-1)  # (B, C)
 
 
 # --- per_token_logps --------------------------------------------------------------------------------------------------
+
 
 def test_full_logits_path_upcasts_bf16_before_the_temperature():
     tok = g.build_tiny_tokenizer()
@@ -46,10 +48,11 @@ def test_selective_log_softmax_matches_log_softmax_gather():
 
 # --- grpo_loss: the clipped surrogate and its normalisations ----------------------------------------------------------
 
+
 def _toy(seed=0, B=4, C=5):
     torch.manual_seed(seed)
     logps = (-torch.rand(B, C) * 3).requires_grad_()
-    old = (logps.detach() + torch.randn(B, C) * 0.3)
+    old = logps.detach() + torch.randn(B, C) * 0.3
     adv = torch.tensor([1.5, -0.5, 0.7, -2.0])[:B]
     mask = torch.ones(B, C, dtype=torch.long)
     mask[0, 3:] = 0
@@ -87,8 +90,7 @@ def test_loss_type_normalisers_hand_computed(loss_type):
         "dr_grpo": per_tok.sum() / (4 * 7),
         "dapo": per_tok.sum() / 30.0,
     }[loss_type]
-    loss, _ = g.grpo_loss(logps, old, adv, mask, loss_type=loss_type, max_completion_length=7,
-                          num_items_in_batch=30.0)
+    loss, _ = g.grpo_loss(logps, old, adv, mask, loss_type=loss_type, max_completion_length=7, num_items_in_batch=30.0)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
@@ -116,7 +118,7 @@ def test_ratio_one_gives_reinforce_gradient():
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_extreme_logps_at_padded_slots_change_nothing(loss_type, bias_correction):
     torch.manual_seed(0)
-    logps = (-torch.rand(3, 5) * 3)
+    logps = -torch.rand(3, 5) * 3
     old = logps + torch.randn(3, 5) * 0.2
     ref = logps + torch.randn(3, 5) * 0.3
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
@@ -160,12 +162,12 @@ def test_beta_training_steps_stay_finite_with_extreme_padded_logps(cfg_factory, 
 
 # --- the k3 KL penalty and its bias correction ------------------------------------------------------------------------
 
+
 def test_k3_kl_hand_computed():
     logps = torch.log(torch.tensor([[0.5, 0.25]]))
     ref = torch.log(torch.tensor([[0.25, 0.25]]))
     mask = torch.ones(1, 2)
-    loss, stats = g.grpo_loss(logps, logps.detach(), torch.tensor([0.0]), mask, beta=0.1,
-                              ref_logps=ref)
+    loss, stats = g.grpo_loss(logps, logps.detach(), torch.tensor([0.0]), mask, beta=0.1, ref_logps=ref)
     # k3 = exp(ref - logp) - (ref - logp) - 1: token 1 -> 0.5 + ln 2 - 1; token 2 -> 0
     k3 = 0.5 + math.log(2) - 1
     assert stats["kl"].item() == pytest.approx(k3 / 2, abs=1e-6)
@@ -196,9 +198,16 @@ def _expected_kl_gradient(use_bias_correction_kl: bool) -> tuple[torch.Tensor, t
     total = 0.0
     for y in range(5):  # the expectation, exactly: sum over y of pi(y) * per-token loss of sampling y
         lp = logp[y].view(1, 1)
-        loss, _ = g.grpo_loss(lp, lp.detach(), torch.zeros(1), torch.ones(1, 1), beta=1.0,
-                              ref_logps=ref[y].view(1, 1), loss_type="bnpo",
-                              use_bias_correction_kl=use_bias_correction_kl)
+        loss, _ = g.grpo_loss(
+            lp,
+            lp.detach(),
+            torch.zeros(1),
+            torch.ones(1, 1),
+            beta=1.0,
+            ref_logps=ref[y].view(1, 1),
+            loss_type="bnpo",
+            use_bias_correction_kl=use_bias_correction_kl,
+        )
         total = total + p[y] * loss
     (grad,) = torch.autograd.grad(total, theta)
     logp = torch.log_softmax(theta, -1)
@@ -238,13 +247,22 @@ def test_beta_logs_kl_and_uses_a_frozen_reference(cfg_factory):
 
 # --- gradient accumulation gives the gradient of one big batch --------------------------------------------------------
 
+
 def _accumulated_grad(loss_type, logps, old, adv, mask, splits):
     total_tokens = float(mask.sum())
     grad = torch.zeros_like(logps)
     for idx in splits:
         lp = logps.detach()[idx].clone().requires_grad_()
-        loss, _ = g.grpo_loss(lp, old[idx], adv[idx], mask[idx], loss_type=loss_type, max_completion_length=5,
-                              num_micro_batches=len(splits), num_items_in_batch=total_tokens)
+        loss, _ = g.grpo_loss(
+            lp,
+            old[idx],
+            adv[idx],
+            mask[idx],
+            loss_type=loss_type,
+            max_completion_length=5,
+            num_micro_batches=len(splits),
+            num_items_in_batch=total_tokens,
+        )
         loss.backward()
         grad[idx] += lp.grad
     return grad
@@ -277,8 +295,15 @@ def test_gradient_accumulation_through_the_model(tiny):
         model.zero_grad()
         for idx in splits:
             lp = g.per_token_logps(model, ids[idx], attn[idx], 6)
-            loss, _ = g.grpo_loss(lp, lp.detach(), adv[idx], mask[idx], loss_type="dapo",
-                                  num_micro_batches=len(splits), num_items_in_batch=float(mask.sum()))
+            loss, _ = g.grpo_loss(
+                lp,
+                lp.detach(),
+                adv[idx],
+                mask[idx],
+                loss_type="dapo",
+                num_micro_batches=len(splits),
+                num_items_in_batch=float(mask.sum()),
+            )
             loss.backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
@@ -289,6 +314,7 @@ def test_gradient_accumulation_through_the_model(tiny):
 
 
 # --- the memory-lean path: the head a chunk of tokens at a time (Part II) ---------------------------------------------
+
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 4096])
 def test_chunked_logps_and_grads_equal_full_logits(chunk_size):
@@ -341,9 +367,14 @@ def test_lean_path_never_builds_full_logits():
     class VocabSized(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            rows.extend(t.numel() // V for t in tree_flatten(out)[0]
-                        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.size(-1) == V
-                        and t.untyped_storage().data_ptr() not in weights)
+            rows.extend(
+                t.numel() // V
+                for t in tree_flatten(out)[0]
+                if isinstance(t, torch.Tensor)
+                and t.dim() >= 2
+                and t.size(-1) == V
+                and t.untyped_storage().data_ptr() not in weights
+            )
             return out
 
     ids = torch.randint(0, 256, (4, 12))
@@ -398,8 +429,13 @@ def test_one_chunk_of_logits_at_its_peak():
     from conftest import ROOT
 
     def chunks(path):
-        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(ROOT), path], capture_output=True, text=True,
-                             timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        out = subprocess.run(
+            [sys.executable, "-c", PEAK_SCRIPT, str(ROOT), path],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         return float(out.stdout.split()[-1])
 
@@ -419,40 +455,72 @@ def test_lean_path_is_taken_when_the_probe_agrees_and_the_fallback_gives_plain_v
     ids = torch.randint(0, 256, (2, 9))
     attn = torch.ones_like(ids)
     monkeypatch.setattr(g, "lean_head", lambda model: None)  # the fallback still gives the plain values
-    assert torch.allclose(g.lean_logps(model, ids, attn, 4), _full_logits_logps(model, ids, attn, 4, 1.0),
-                          atol=1e-5)
+    assert torch.allclose(g.lean_logps(model, ids, attn, 4), _full_logits_logps(model, ids, attn, 4, 1.0), atol=1e-5)
 
 
 def _falcon_h1(multiplier):
     from transformers import FalconH1Config, FalconH1ForCausalLM
 
     torch.manual_seed(0)
-    return FalconH1ForCausalLM(FalconH1Config(
-        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16, mamba_n_groups=1,
-        mamba_chunk_size=16, lm_head_multiplier=multiplier))
+    return FalconH1ForCausalLM(
+        FalconH1Config(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mamba_d_ssm=64,
+            mamba_n_heads=8,
+            mamba_d_head=8,
+            mamba_d_state=16,
+            mamba_n_groups=1,
+            mamba_chunk_size=16,
+            lm_head_multiplier=multiplier,
+        )
+    )
 
 
 def _recurrent_gemma(cap):
     from transformers import RecurrentGemmaConfig, RecurrentGemmaForCausalLM
 
     torch.manual_seed(0)
-    return RecurrentGemmaForCausalLM(RecurrentGemmaConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, lru_width=64, attention_window_size=16, head_dim=16, logits_soft_cap=cap))
+    return RecurrentGemmaForCausalLM(
+        RecurrentGemmaConfig(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            lru_width=64,
+            attention_window_size=16,
+            head_dim=16,
+            logits_soft_cap=cap,
+        )
+    )
 
 
-@pytest.mark.parametrize("build,post,neutral", [(_falcon_h1, 5.0, 1.0), (_recurrent_gemma, 30.0, 1e6)],
-                         ids=["falcon_h1-lm_head_multiplier", "recurrent_gemma-logits_soft_cap"])
+@pytest.mark.parametrize(
+    "build,post,neutral",
+    [(_falcon_h1, 5.0, 1.0), (_recurrent_gemma, 30.0, 1e6)],
+    ids=["falcon_h1-lm_head_multiplier", "recurrent_gemma-logits_soft_cap"],
+)
 def test_models_that_post_process_logits_take_the_full_path(build, post, neutral, monkeypatch):
     ids = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(1))
     attn = torch.ones_like(ids)
     attn[0, :3] = 0
     model = build(post)
     # the mismatch is real: the head alone gives other log-probs than the model's own logits
-    head_only = g.chunked_head_logps(model.model(input_ids=ids, attention_mask=attn,
-                                                 position_ids=g.positions_from_mask(attn), use_cache=False)
-                                     .last_hidden_state[:, -5:-1], model.lm_head, ids[:, -4:], 0.7, 512).detach()
+    head_only = g.chunked_head_logps(
+        model.model(
+            input_ids=ids, attention_mask=attn, position_ids=g.positions_from_mask(attn), use_cache=False
+        ).last_hidden_state[:, -5:-1],
+        model.lm_head,
+        ids[:, -4:],
+        0.7,
+        512,
+    ).detach()
     full = _full_logits_logps(model, ids, attn, 4, 0.7)
     assert (head_only - full).abs().max() > 1e-3
     # ... and the probe catches it: lean_logps equals the full-logits path
@@ -465,5 +533,6 @@ def test_models_that_post_process_logits_take_the_full_path(build, post, neutral
     # the same architecture without post-processing keeps the lean path
     plain = build(neutral)
     assert g.lean_head(plain) is plain.lm_head
-    assert torch.allclose(g.lean_logps(plain, ids, attn, 4, 0.7).detach(),
-                          _full_logits_logps(plain, ids, attn, 4, 0.7), atol=1e-5)
+    assert torch.allclose(
+        g.lean_logps(plain, ids, attn, 4, 0.7).detach(), _full_logits_logps(plain, ids, attn, 4, 0.7), atol=1e-5
+    )

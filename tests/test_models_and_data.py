@@ -1,6 +1,7 @@
 """Models and data (Part II): the real loading path (a model folder from save_pretrained, a local .jsonl), dropout off
 in the policy, the built-in and arithmetic tasks and their held-out splits, local files, chat prompts, and bad models,
 files and rows refused with one line that names them."""
+
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -11,8 +12,8 @@ import torch
 import grpo_ssr as g
 from conftest import SMALL, cli, error_line
 
-
 # --- models -----------------------------------------------------------------------------------------------------------
+
 
 def test_real_loading_path_local_model_and_jsonl(tmp_path):
     """--model DIR (save_pretrained) and --dataset FILE.jsonl with another prompt column, whose other columns reach
@@ -30,9 +31,16 @@ def test_real_loading_path_local_model_and_jsonl(tmp_path):
         seen["label"], seen["prompts"] = label, prompts
         return [float(l) for l in label]
 
-    cfg = g.GRPOConfig(model=str(tmp_path / "model"), dataset=str(data), prompt_column="question",
-                       output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8,
-                       num_generations=4, max_completion_length=8)
+    cfg = g.GRPOConfig(
+        model=str(tmp_path / "model"),
+        dataset=str(data),
+        prompt_column="question",
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+    )
     history = g.run(cfg, reward_funcs=[reward_with_column])
     assert len(history) == 2
     assert len(seen["label"]) == 8 and seen["prompts"][0].startswith("Summarise post")
@@ -51,16 +59,28 @@ def _tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=258, n_positions=128, n_embd=32, n_layer=2, n_head=2,
-                                      resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3, bos_token_id=256,
-                                      eos_token_id=256))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=258,
+            n_positions=128,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.3,
+            embd_pdrop=0.3,
+            attn_pdrop=0.3,
+            bos_token_id=256,
+            eos_token_id=256,
+        )
+    )
 
 
 @pytest.mark.parametrize("disable", [True, False])
 def test_dropout_is_disabled_in_the_policy(cfg_factory, disable):
     tok = g.build_tiny_tokenizer()
-    trainer = g.GRPOTrainer(cfg_factory(disable_dropout=disable, max_prompt_length=64), model=_tiny_gpt2(),
-                            processing_class=tok)  # 64 + 16 tokens fit its 128 positions
+    trainer = g.GRPOTrainer(
+        cfg_factory(disable_dropout=disable, max_prompt_length=64), model=_tiny_gpt2(), processing_class=tok
+    )  # 64 + 16 tokens fit its 128 positions
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     trainer.model.train()
     with torch.no_grad():
@@ -69,6 +89,7 @@ def test_dropout_is_disabled_in_the_policy(cfg_factory, disable):
 
 
 # --- the built-in and the arithmetic tasks, and their held-out splits -------------------------------------------------
+
 
 def test_builtin_chat_is_the_same_posts_as_one_user_message_each():
     """The seed's job for an instruct model: the TL;DR posts through its chat template, as TRL's conversational sets."""
@@ -108,7 +129,7 @@ def test_arithmetic_split_never_overlaps(name):
         (lo_a, hi_a), (lo_b, hi_b) = g.ARITHMETIC_LEVELS[r["level"]]
         assert (lo_a <= a <= hi_a and lo_b <= b <= hi_b) or (lo_a <= b <= hi_a and lo_b <= a <= hi_b)
     assert len({_question(r) for r in train}) == len(train)  # no question twice
-    assert [r["level"] for r in held[:len(levels)]] == levels  # round-robin: the first prompts cover every level
+    assert [r["level"] for r in held[: len(levels)]] == levels  # round-robin: the first prompts cover every level
 
 
 def test_arithmetic_through_load_prompts_and_the_held_out_loader():
@@ -121,6 +142,7 @@ def test_arithmetic_through_load_prompts_and_the_held_out_loader():
 
 
 # --- local files, and the rows in them --------------------------------------------------------------------------------
+
 
 def test_data_and_model_problems_name_the_thing_at_fault(tmp_path):
     empty = tmp_path / "empty.jsonl"
@@ -141,20 +163,22 @@ def test_data_and_model_problems_name_the_thing_at_fault(tmp_path):
         (["--model", "no-such-org/no-such-model"], "no-such-org/no-such-model"),
     ]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = list(pool.map(lambda c: cli(c[0] + SMALL + ["--output_dir", str(tmp_path / "o")], tmp_path),
-                              cases))
+        procs = list(pool.map(lambda c: cli(c[0] + SMALL + ["--output_dir", str(tmp_path / "o")], tmp_path), cases))
     for (flags, name), proc in zip(cases, procs):
         lines = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith("{")]
         assert proc.returncode == 2, (flags, proc.stderr[-1500:])
         assert len(lines) == 1 and name in lines[0] and "Traceback" not in proc.stderr, (flags, proc.stderr[-1500:])
 
 
-@pytest.mark.parametrize("prompts,message", [
-    (["Say hi:", ""], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
-    (["Say hi:", 7], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
-    (["Say hi:", {"text": "hi"}], "row 1 (counting from 0): the prompt must be a non-empty string"),
-    ([[{"role": "user", "content": "hi"}], "Say hi:"], "row 1 (counting from 0): mixes chat and plain-text"),
-])
+@pytest.mark.parametrize(
+    "prompts,message",
+    [
+        (["Say hi:", ""], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
+        (["Say hi:", 7], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
+        (["Say hi:", {"text": "hi"}], "row 1 (counting from 0): the prompt must be a non-empty string"),
+        ([[{"role": "user", "content": "hi"}], "Say hi:"], "row 1 (counting from 0): mixes chat and plain-text"),
+    ],
+)
 def test_bad_prompts_are_refused_naming_the_row(tmp_path, capsys, prompts, message):
     data = tmp_path / "data.json"
     data.write_text(json.dumps([{"prompt": p} for p in prompts]))
@@ -179,8 +203,14 @@ def test_chat_prompts_use_the_chat_template(tmp_path):
         seen["completions"] = completions
         return g.reward_len(completions)
 
-    cfg = g.GRPOConfig(dataset=str(data), output_dir=str(tmp_path / "o"), max_steps=1, per_device_train_batch_size=8,
-                       num_generations=4, max_completion_length=8)
+    cfg = g.GRPOConfig(
+        dataset=str(data),
+        output_dir=str(tmp_path / "o"),
+        max_steps=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+    )
     trainer = g.GRPOTrainer(cfg, reward_funcs=[spy])
     texts = g.prompt_texts(trainer.dataset[:1], trainer.tokenizer)
     assert texts == ["user: hello 0\nassistant:"]

@@ -34,6 +34,7 @@ def test_the_course_has_notebooks():
 # Execution
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=notebook_id)
 def test_notebook_runs_top_to_bottom(path, notebook_runs):
@@ -57,11 +58,14 @@ def test_committed_notebooks_are_executed_and_clean():
 # No copies of grpo_ssr's functions and classes
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def provided_names() -> set[str]:
     """Every function and class that grpo_ssr.py itself defines (not the ones it imports)."""
-    return {name for name, obj in inspect.getmembers(grpo_ssr)
-            if (inspect.isfunction(obj) or inspect.isclass(obj))
-            and getattr(obj, "__module__", None) == grpo_ssr.__name__}
+    return {
+        name
+        for name, obj in inspect.getmembers(grpo_ssr)
+        if (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", None) == grpo_ssr.__name__
+    }
 
 
 def _strip_magics(source: str) -> str:
@@ -73,7 +77,7 @@ def _strip_magics(source: str) -> str:
     out = []
     for line in lines:
         stripped = line.lstrip()
-        indent = line[:len(line) - len(stripped)]
+        indent = line[: len(line) - len(stripped)]
         if stripped.startswith(("%", "!")):
             out.append(indent + "pass")
         elif "=" in stripped and stripped.split("=", 1)[1].lstrip().startswith(("%", "!")):
@@ -106,8 +110,9 @@ def defined_names(source: str) -> set[str]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Lambda):
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Lambda) \
-                and isinstance(node.target, ast.Name):
+        elif (
+            isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Lambda) and isinstance(node.target, ast.Name)
+        ):
             names.add(node.target.id)
     return names
 
@@ -122,33 +127,39 @@ def test_detector_catches_redefinitions():
     """The check below must be able to fail: feed it cells that copy grpo_ssr's code."""
     assert {"repad", "ReplayBuffer", "group_advantages", "grpo_loss"} <= provided_names()
     cells = [
-        "import grpo_ssr\nx = grpo_ssr.repad",                 # using it is fine
-        "def repad(x): ...",                                       # copying it is not
-        "%matplotlib inline\nclass ReplayBuffer:\n    pass",       # behind a magic
-        "group_advantages = lambda r, g: r",                       # a lambda under its name
-        "def helper():\n    def grpo_loss(*a):\n        pass",     # nested
-        "!ls\nfiles = !ls\ndef my_plot(): pass",                   # shell escapes, and a harmless new helper
-        "%%bash\necho def repad",                                  # not Python: ignored
+        "import grpo_ssr\nx = grpo_ssr.repad",  # using it is fine
+        "def repad(x): ...",  # copying it is not
+        "%matplotlib inline\nclass ReplayBuffer:\n    pass",  # behind a magic
+        "group_advantages = lambda r, g: r",  # a lambda under its name
+        "def helper():\n    def grpo_loss(*a):\n        pass",  # nested
+        "!ls\nfiles = !ls\ndef my_plot(): pass",  # shell escapes, and a harmless new helper
+        "%%bash\necho def repad",  # not Python: ignored
     ]
     assert redefinitions(cells) == {1: {"repad"}, 2: {"ReplayBuffer"}, 3: {"group_advantages"}, 4: {"grpo_loss"}}
-    fallback = ast.parse(_strip_magics("%%time\n%matplotlib inline\nfiles = !ls\nif True:\n    %time x = 1\n"
-                                       "def repad(): pass"))  # the parser used when IPython is absent
+    fallback = ast.parse(
+        _strip_magics("%%time\n%matplotlib inline\nfiles = !ls\nif True:\n    %time x = 1\ndef repad(): pass")
+    )  # the parser used when IPython is absent
     assert [n.name for n in ast.walk(fallback) if isinstance(n, ast.FunctionDef)] == ["repad"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=notebook_id)
 def test_notebook_does_not_redefine_grpo_ssr(path):
     nb = json.loads(path.read_text())
-    cells = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-             for c in nb["cells"] if c["cell_type"] == "code"]
+    cells = [
+        "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+    ]
     found = redefinitions(cells)
-    assert not found, (f"{path.name} re-defines what grpo_ssr.py provides (import it instead): "
-                       + "; ".join(f"code cell {i + 1}: {sorted(n)}" for i, n in found.items()))
+    assert not found, f"{path.name} re-defines what grpo_ssr.py provides (import it instead): " + "; ".join(
+        f"code cell {i + 1}: {sorted(n)}" for i, n in found.items()
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The README lists every notebook
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def test_readme_lists_every_notebook():
     readme = ROOT / "README.md"
@@ -161,6 +172,7 @@ def test_readme_lists_every_notebook():
 # ----------------------------------------------------------------------------------------------------------------------
 # Run anywhere: the Colab badge, the first cell, clean outputs
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def code_sources(path: Path) -> list[str]:
     nb = json.loads(path.read_text())
@@ -223,9 +235,13 @@ def unquoted_numbers(nb: dict) -> tuple[list[str], list[str]]:
     text = lambda part: "".join(part) if isinstance(part, list) else part
     cells = nb["cells"]
     first = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
-    prose = " ".join(text(c["source"]) for c in cells[first + 1:] if c["cell_type"] == "markdown")
-    printed = "\n".join(text(o.get("text", "")) + text(o.get("data", {}).get("text/plain", ""))
-                         for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+    prose = " ".join(text(c["source"]) for c in cells[first + 1 :] if c["cell_type"] == "markdown")
+    printed = "\n".join(
+        text(o.get("text", "")) + text(o.get("data", {}).get("text/plain", ""))
+        for c in cells
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+    )
     quoted = QUOTED.findall(prose)
     return quoted, [n for n in dict.fromkeys(quoted) if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", printed)]
 
@@ -239,11 +255,14 @@ def test_notebook_08_prose_quotes_its_outputs():
     assert not missing, f"notebook 08's prose quotes numbers that no output prints: {missing}"
     # change the last digit of the first quoted number: the check must see it
     first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code")
-    index, source = next((i, "".join(c["source"])) for i, c in enumerate(nb["cells"])
-                         if i > first and c["cell_type"] == "markdown" and QUOTED.search("".join(c["source"])))
+    index, source = next(
+        (i, "".join(c["source"]))
+        for i, c in enumerate(nb["cells"])
+        if i > first and c["cell_type"] == "markdown" and QUOTED.search("".join(c["source"]))
+    )
     number = QUOTED.search(source).group()
     last = max(i for i, ch in enumerate(number) if ch.isdigit())
-    changed = number[:last] + str((int(number[last]) + 1) % 10) + number[last + 1:]
+    changed = number[:last] + str((int(number[last]) + 1) % 10) + number[last + 1 :]
     nb["cells"][index] = {**nb["cells"][index], "source": source.replace(number, changed, 1)}
     assert changed in unquoted_numbers(nb)[1], (number, changed)
 
@@ -291,8 +310,9 @@ def _run_first_cell_in(folder: Path, raw_url: str, then: str):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
-                       resources={"metadata": {"path": str(folder)}}).execute()
+        NotebookClient(
+            nb, timeout=300, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(folder)}}
+        ).execute()
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -322,8 +342,9 @@ def test_first_cell_fetches_the_course_in_a_bare_kernel(tmp_path):
     assert str(bare / "grpo_ssr.py") in text
     study = bare / "notebooks" / "study" / "results" / "replay_study"
     assert (study / "summary.json").is_file() and (bare / "notebooks" / "study" / "run_study.py").is_file()
-    assert len(list((study / "raw").glob("*.json.gz"))) == len(list((ROOT / "notebooks" / "study" / "results" / "replay_study"
-                                                                   / "raw").glob("*.json.gz")))
+    assert len(list((study / "raw").glob("*.json.gz"))) == len(
+        list((ROOT / "notebooks" / "study" / "results" / "replay_study" / "raw").glob("*.json.gz"))
+    )
     assert (bare / "tests" / "benchmarks" / "results" / "recipe_cpu" / "summary.json").is_file()  # notebook 06 reads it
 
 
@@ -373,7 +394,9 @@ def test_course_files_are_what_study_notebook_01_reads():
     assert not missing, f"COURSE_FILES lists files the repository does not hold: {missing}"
     study = ROOT / "notebooks" / "study" / "results" / "replay_study"
     on_disk = {str(p.relative_to(ROOT)) for p in (study / "raw").glob("*.json.gz")} | {
-        "notebooks/study/results/replay_study/summary.json", "notebooks/study/run_study.py"}
+        "notebooks/study/results/replay_study/summary.json",
+        "notebooks/study/run_study.py",
+    }
     assert on_disk <= listed, f"not fetched in Colab: {sorted(on_disk - listed)[:5]}"
     summary = json.loads((study / "summary.json").read_text())
     assert len(on_disk) - 2 == len(summary["arms"]) * len(summary["learning_rates"]) * len(summary["settings"]["seeds"])
@@ -384,5 +407,7 @@ def test_missing_requirements_names_what_to_install():
 
     assert course_setup.missing_requirements() == []  # this environment has everything
     assert "gguf" in course_setup.REQUIREMENTS  # notebook 06's real model is a GGUF checkpoint: Colab must install it
-    assert course_setup.missing_requirements({"torch": ("torch", (99, 0)), "no-such-package-xyz": ("x", (1, 0))}) \
-        == ["torch>=99.0", "no-such-package-xyz>=1.0"]
+    assert course_setup.missing_requirements({"torch": ("torch", (99, 0)), "no-such-package-xyz": ("x", (1, 0))}) == [
+        "torch>=99.0",
+        "no-such-package-xyz>=1.0",
+    ]

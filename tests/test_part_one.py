@@ -1,4 +1,5 @@
 """Part I runs alone: GRPOStep trains from Part I's names, and Part I uses nothing that Part II defines."""
+
 import ast
 
 import pytest
@@ -34,12 +35,18 @@ def part_one_problems(source: str) -> list[str]:
     used = {n.id for node in one for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     problems = [f"Part I uses {name}, which Part II defines" for name in sorted(used & (defined(two) - defined(one)))]
     step = next(n for n in one if isinstance(n, ast.ClassDef) and n.name == "GRPOStep")
-    attrs = [n for n in ast.walk(step) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-             and n.value.id == "self"]
-    have = {a.attr for a in attrs if isinstance(a.ctx, ast.Store)} | {f.name for f in step.body
-                                                                      if isinstance(f, ast.FunctionDef)}
-    problems += [f"GRPOStep reads self.{name}, which Part I never sets" for name in
-                 sorted({a.attr for a in attrs if isinstance(a.ctx, ast.Load)} - have)]
+    attrs = [
+        n
+        for n in ast.walk(step)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    ]
+    have = {a.attr for a in attrs if isinstance(a.ctx, ast.Store)} | {
+        f.name for f in step.body if isinstance(f, ast.FunctionDef)
+    }
+    problems += [
+        f"GRPOStep reads self.{name}, which Part I never sets"
+        for name in sorted({a.attr for a in attrs if isinstance(a.ctx, ast.Load)} - have)
+    ]
     return problems
 
 
@@ -67,4 +74,8 @@ def test_grpo_step_alone_learns_the_length_reward():
     rewards = [step.train_step()["reward"] for _ in range(cfg.max_steps)]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 3, (first, last)  # a sign error, or no update at all, fails this
-    assert step.step == 40 and step.sample_uid == 40 * cfg.generation_batch_size and isinstance(step.buffer, g.ReplayBuffer)
+    assert (
+        step.step == 40
+        and step.sample_uid == 40 * cfg.generation_batch_size
+        and isinstance(step.buffer, g.ReplayBuffer)
+    )

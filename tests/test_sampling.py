@@ -1,5 +1,6 @@
 """Sampling (Part I, 1): the decode loop of generate_completions, sample_next_token's distribution (chi-square, fixed
 seeds), positions and masks, every EOS id and one BOS, and a model's own generation defaults kept out."""
+
 import functools
 
 import numpy as np
@@ -16,6 +17,7 @@ def _chi2_critical(dof: int, z: float = 3.09) -> float:
 
 
 # --- generate_completions: the decode loop ----------------------------------------------------------------------------
+
 
 def _record_sampler(monkeypatch):
     """Wrap sample_next_token so that every call's logits and drawn tokens are kept."""
@@ -45,8 +47,9 @@ def test_cached_decode_matches_a_full_forward(tiny, monkeypatch):
     C = out["completion_ids"].size(1)
     assert len(calls) == C
     sampled = torch.stack([lg for lg, _ in calls], 1)  # (B, C, V): logits at each step
-    from_loop = torch.log_softmax(sampled.double() / temperature, -1).gather(
-        -1, out["completion_ids"][..., None]).squeeze(-1)
+    from_loop = (
+        torch.log_softmax(sampled.double() / temperature, -1).gather(-1, out["completion_ids"][..., None]).squeeze(-1)
+    )
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     full_mask = torch.cat([out["prompt_mask"], torch.ones_like(out["completion_ids"])], 1)  # as the loop saw it
     with torch.no_grad():
@@ -77,7 +80,7 @@ def test_generation_stops_when_every_row_has_ended(tiny, monkeypatch):
     assert forwards["n"] == 1 + 5  # one prefill, then one forward per token that still had to be sampled
     for r, e in enumerate(end_at.tolist()):
         row = out["completion_ids"][r]
-        assert row[e] == eos and (row[:e] == 7).all() and (row[e + 1:] == pad).all()
+        assert row[e] == eos and (row[:e] == 7).all() and (row[e + 1 :] == pad).all()
         assert out["completion_mask"][r].tolist() == [1] * (e + 1) + [0] * (5 - e)
 
 
@@ -119,7 +122,8 @@ def _tokenizer_with_bos():
     tok = g.build_tiny_tokenizer()
     tok.add_special_tokens({"bos_token": "<|bos|>"})
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", tok.bos_token_id)])
+        single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", tok.bos_token_id)]
+    )
     tok.chat_template = "{{ bos_token }}" + tok.chat_template  # as Llama's: the template writes the BOS
     return tok
 
@@ -139,12 +143,17 @@ def test_prompts_start_with_exactly_one_bos(cfg_factory, chat):
 
 # --- sample_next_token ------------------------------------------------------------------------------------------------
 
+
 def test_sample_next_token_follows_softmax_over_temperature():
     """40k draws per row from hand-made logits: chi-square at p = 0.001, -inf tokens never drawn, and power."""
     torch.manual_seed(0)
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5],
-                           [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                           [5.0, -3.0, 1.0, 1.0, 2.0, float("-inf")]])
+    logits = torch.tensor(
+        [
+            [2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5],
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [5.0, -3.0, 1.0, 1.0, 2.0, float("-inf")],
+        ]
+    )
     n, temperature = 40_000, 0.7
     draws = torch.stack([g.sample_next_token(logits, temperature) for _ in range(n)])  # (n, 3)
     for row in range(3):
@@ -156,8 +165,9 @@ def test_sample_next_token_follows_softmax_over_temperature():
         assert chi2 < _chi2_critical(int(live.sum()) - 1)
         if row != 1:  # the uniform row is the same at every temperature
             wrong = torch.softmax(logits[row].double(), -1).numpy()  # temperature 1: must be told apart
-            assert float(((counts[live] - n * wrong[live]) ** 2 / (n * wrong[live])).sum()) > \
-                _chi2_critical(int(live.sum()) - 1)
+            assert float(((counts[live] - n * wrong[live]) ** 2 / (n * wrong[live])).sum()) > _chi2_critical(
+                int(live.sum()) - 1
+            )
 
 
 def test_sample_next_token_is_seeded_and_thread_invariant():
@@ -175,15 +185,12 @@ def test_sample_next_token_is_seeded_and_thread_invariant():
 
 # --- the completion mask, EOS ids and the model's generation config ---------------------------------------------------
 
+
 def test_completion_mask_from_eos():
     eos = 9
-    ids = torch.tensor([[1, 2, 9, 4, 9],
-                        [9, 1, 1, 1, 1],
-                        [1, 2, 3, 4, 5]])
+    ids = torch.tensor([[1, 2, 9, 4, 9], [9, 1, 1, 1, 1], [1, 2, 3, 4, 5]])
     mask = g.completion_mask_from_eos(ids, eos)
-    assert mask.tolist() == [[1, 1, 1, 0, 0],
-                             [1, 0, 0, 0, 0],
-                             [1, 1, 1, 1, 1]]
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
 
 
 def test_hub_generation_defaults_do_not_leak_into_sampling(tmp_path):
@@ -217,5 +224,6 @@ def test_every_eos_id_ends_a_completion_and_is_kept_in_the_saved_config(tiny, mo
     out = g.generate_completions(model, tok, ["x"], 4, 16, 8)
     assert out["completion_mask"].sum(1).tolist() == [2, 4, 3, 8]
     assert (out["completion_ids"][0, 2:] == tok.pad_token_id).all()
-    assert g.completion_mask_from_eos(torch.tensor([[1, im_end, 2, 3]]), [tok.eos_token_id, im_end]).tolist() == \
-        [[1, 1, 0, 0]]
+    assert g.completion_mask_from_eos(torch.tensor([[1, im_end, 2, 3]]), [tok.eos_token_id, im_end]).tolist() == [
+        [1, 1, 0, 0]
+    ]

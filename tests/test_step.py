@@ -7,6 +7,7 @@ The failures seen elsewhere that these must catch: only one group buffered per b
 (a dead flag), replayed samples trained with a ratio of exactly 1 (no off-policy correction), and old log-probs
 taken from a training forward where they are not provably the behaviour policy's.
 """
+
 import json
 
 import pytest
@@ -14,7 +15,6 @@ import torch
 
 import grpo_ssr as g
 from conftest import ROOT
-
 
 SSR = dict(replay_buffer_class="SSRReplayBuffer")  # SSR with its defaults (fill, age decay 2); the default: plain GRPO
 
@@ -60,8 +60,16 @@ class Spy:
 
         def grpo_loss(logps, old, adv, mask, **kw):
             loss, stats = real_loss(logps, old, adv, mask, **kw)
-            self.losses.append({"logps": logps.detach(), "old": old.detach(), "adv": adv, "mask": mask,
-                                "clip_ratio": stats["clip_ratio"].item(), **kw})
+            self.losses.append(
+                {
+                    "logps": logps.detach(),
+                    "old": old.detach(),
+                    "adv": adv,
+                    "mask": mask,
+                    "clip_ratio": stats["clip_ratio"].item(),
+                    **kw,
+                }
+            )
             return loss, stats
 
         trainer.generate_batch, trainer.buffer.sample = generate_batch, buffer_sample
@@ -81,23 +89,27 @@ def spy_training(trainer, monkeypatch):
         generated.append(spy.generated[batches:])
         trained.append(spy.trained[micro:])
         return metrics
+
     return step, generated, trained
 
 
 def _steps_of(spy, trainer, accum):
     """The samples each step trained, from the repad calls (one per micro-batch, accum per step)."""
-    return [[s for mb in spy.trained[i:i + accum] for s in mb] for i in range(0, len(spy.trained), accum)]
+    return [[s for mb in spy.trained[i : i + accum] for s in mb] for i in range(0, len(spy.trained), accum)]
 
 
 # --- generation and its cadence ---------------------------------------------------------------------------------------
 
+
 def test_old_logps_forward_is_skipped_only_where_every_sample_trains_in_its_own_step(cfg_factory):
-    for flags, skipped in ((dict(replay_buffer_class="ReplayBuffer"), True),
-                           (dict(replay_buffer_class="ReplayBuffer", num_iterations=2), True),
-                           (dict(), True),  # the default: plain GRPO
-                           (dict(**SSR), True),  # SSR fill, num_iterations 1
-                           (dict(**SSR, num_iterations=2), False),  # fill: a zero slot may keep its own sample later
-                           (dict(**SSR, ssr_mode="replace"), False)):
+    for flags, skipped in (
+        (dict(replay_buffer_class="ReplayBuffer"), True),
+        (dict(replay_buffer_class="ReplayBuffer", num_iterations=2), True),
+        (dict(), True),  # the default: plain GRPO
+        (dict(**SSR), True),  # SSR fill, num_iterations 1
+        (dict(**SSR, num_iterations=2), False),  # fill: a zero slot may keep its own sample later
+        (dict(**SSR, ssr_mode="replace"), False),
+    ):
         trainer = g.GRPOTrainer(cfg_factory(**flags))
         assert trainer.old_logps_at_generation is not skipped, flags
         assert all((s["old_per_token_logps"] is None) is skipped for s in trainer.generate_batch()), flags
@@ -110,8 +122,13 @@ def test_generation_is_decided_by_all_ranks_together(cfg_factory, monkeypatch):
     assert trainer.train_step()["generated"] == 1
     real = trainer.dist.reduce
     calls = []
-    monkeypatch.setattr(trainer.dist, "reduce", lambda values, op="sum": calls.append((list(values), op)) or (
-        [1.0] if op == "max" and len(calls) == 1 else real(values, op)))
+    monkeypatch.setattr(
+        trainer.dist,
+        "reduce",
+        lambda values, op="sum": (
+            calls.append((list(values), op)) or ([1.0] if op == "max" and len(calls) == 1 else real(values, op))
+        ),
+    )
     before = dict(vars(trainer.prompt_sampler))  # its state: the prompts drawn, and what it was built with
     m = trainer.train_step()
     assert calls[0] == ([0.0], "max")  # this rank alone would not have generated
@@ -128,8 +145,10 @@ def test_all_zero_spread_retries_then_skips_without_crashing(cfg_factory, capsys
     assert history[-1]["skipped_steps"] == 2 and history[-1]["zero_adv_rejected"] == 2 * 3 * 8
     err = capsys.readouterr().err  # the progress bar's too
     for n in (1, 2):
-        assert f"warning: step {n} skipped: nothing to train on after 2 retries (every group had zero reward " \
-               "spread, or no reward function scored a completion)\n" in err
+        assert (
+            f"warning: step {n} skipped: nothing to train on after 2 retries (every group had zero reward "
+            "spread, or no reward function scored a completion)\n" in err
+        )
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 
 
@@ -148,6 +167,7 @@ def test_retry_recovers_when_a_later_batch_has_spread(cfg_factory):
 
 
 # --- SSR through the real loop: what is buffered, drawn and trained ---------------------------------------------------
+
 
 def test_every_nonzero_sample_of_every_group_is_buffered(cfg_factory, monkeypatch):
     cfg = cfg_factory(per_device_train_batch_size=16, num_generations=4, max_steps=4, **SSR)  # 4 groups a batch
@@ -232,8 +252,9 @@ def test_fill_trains_every_fresh_nonzero_sample_in_the_step_that_made_it(cfg_fac
     """ssr_mode fill: every fresh non-zero sample trains in its batch's step(s), every time; buffer draws take
     exactly the slots of the zero-advantage ones. (In replace mode, or with SSR off, this fails.)"""
     accum, steps = 2, 6
-    cfg = cfg_factory(**SSR, ssr_mode="fill", gradient_accumulation_steps=accum, num_iterations=num_iterations,
-                      max_steps=steps)
+    cfg = cfg_factory(
+        **SSR, ssr_mode="fill", gradient_accumulation_steps=accum, num_iterations=num_iterations, max_steps=steps
+    )
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
     nonzero_seen = zero_seen = 0
@@ -244,9 +265,9 @@ def test_fill_trains_every_fresh_nonzero_sample_in_the_step_that_made_it(cfg_fac
         trained = _steps_of(spy, trainer, accum)[step]
         keep = [s for s in fresh if float(s["advantages"]) != 0]
         zero = [s for s in fresh if float(s["advantages"]) == 0]
-        assert trained[:len(keep)] == keep, "every fresh non-zero sample trains, in the step that made it"
+        assert trained[: len(keep)] == keep, "every fresh non-zero sample trains, in the step that made it"
         draws = [s for d in spy.drawn[drawn_before:] for s in d]
-        assert trained[len(keep):] == draws and len(draws) == len(zero)  # draws fill the zero slots, only them
+        assert trained[len(keep) :] == draws and len(draws) == len(zero)  # draws fill the zero slots, only them
         assert len(trained) == cfg.generation_batch_size and m["frac_zero_adv_trained"] == 0.0
         nonzero_seen, zero_seen = nonzero_seen + len(keep), zero_seen + len(zero)
     assert len(spy.generated) == steps // num_iterations  # the cadence: one batch per num_iterations steps
@@ -307,8 +328,9 @@ def test_trained_sample_metrics_tell_grpo_from_ssr(cfg_factory, monkeypatch):
     """Plain GRPO trains its zero-advantage samples (its share equals frac_reward_zero_std), SSR never does; each
     metric is recomputed from what the loop really trained. If SSR were silently off, frac_zero_adv_trained > 0."""
     for buffer, mode in (("ReplayBuffer", "replace"), ("SSRReplayBuffer", "replace"), ("SSRReplayBuffer", "fill")):
-        cfg = cfg_factory(replay_buffer_class=buffer, ssr_mode=mode, max_steps=6, learning_rate=1e-2,
-                          output_dir=f"{buffer}-{mode}")
+        cfg = cfg_factory(
+            replay_buffer_class=buffer, ssr_mode=mode, max_steps=6, learning_rate=1e-2, output_dir=f"{buffer}-{mode}"
+        )
         trainer = g.GRPOTrainer(cfg, reward_funcs=[binary_gated_reward])
         spy = Spy(trainer, monkeypatch)
         history = [trainer.train_step() for _ in range(cfg.max_steps)]
@@ -334,6 +356,7 @@ def test_trained_sample_metrics_tell_grpo_from_ssr(cfg_factory, monkeypatch):
 
 
 # --- the update: a non-finite loss, and the learning-rate schedule ----------------------------------------------------
+
 
 def test_nonfinite_loss_skips_the_step_and_keeps_the_weights(cfg_factory, monkeypatch, capsys):
     trainer = g.GRPOTrainer(cfg_factory())
@@ -361,18 +384,24 @@ def test_warmup_matches_hf_linear_schedule(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(max_steps=10, warmup_steps=4))
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     hf = get_linear_schedule_with_warmup(opt, 4, 10)
-    assert [trainer.scheduler.lr_lambdas[0](s) for s in range(10)] == pytest.approx([f(s) for s in range(10)
-                                                                                     for f in hf.lr_lambdas])
+    assert [trainer.scheduler.lr_lambdas[0](s) for s in range(10)] == pytest.approx(
+        [f(s) for s in range(10) for f in hf.lr_lambdas]
+    )
     assert trainer.scheduler.get_last_lr()[0] == 0.0  # the first step trains at learning rate 0, as HF's
 
 
 # --- the baselines replay is compared with: plain GRPO, dynamic sampling, empty steps skipped -------------------------
 
+
 @pytest.mark.parametrize("num_iterations,accum", [(1, 1), (2, 2), (3, 1)])
 def test_uniform_buffer_reproduces_plain_grpo(cfg_factory, monkeypatch, num_iterations, accum):
     """With --replay_buffer_class ReplayBuffer every sample is trained on exactly num_iterations times."""
-    cfg = cfg_factory(replay_buffer_class="ReplayBuffer", num_iterations=num_iterations,
-                      gradient_accumulation_steps=accum, max_steps=2 * num_iterations)
+    cfg = cfg_factory(
+        replay_buffer_class="ReplayBuffer",
+        num_iterations=num_iterations,
+        gradient_accumulation_steps=accum,
+        max_steps=2 * num_iterations,
+    )
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
     for _ in range(cfg.max_steps):
@@ -388,8 +417,15 @@ def test_uniform_buffer_reproduces_plain_grpo(cfg_factory, monkeypatch, num_iter
 
 
 def test_dynamic_sampling_trains_only_groups_with_spread_and_fills_the_batch(cfg_factory, monkeypatch):
-    cfg = cfg_factory(replay_buffer_class="ReplayBuffer", dynamic_sampling=True, per_device_train_batch_size=8,
-                      gradient_accumulation_steps=2, num_generations=4, max_generation_retries=5, max_steps=4)
+    cfg = cfg_factory(
+        replay_buffer_class="ReplayBuffer",
+        dynamic_sampling=True,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_generation_retries=5,
+        max_steps=4,
+    )
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     step, generated, trained = spy_training(trainer, monkeypatch)
     for _ in range(4):
@@ -397,27 +433,33 @@ def test_dynamic_sampling_trains_only_groups_with_spread_and_fills_the_batch(cfg
         batches, micro = generated[-1], trained[-1]
         assert 1 <= len(batches) <= 1 + cfg.max_generation_retries
         assert m["generation_retries"] == len(batches) - 1
-        groups = [b[i:i + 4] for b in batches for i in range(0, len(b), 4)]
+        groups = [b[i : i + 4] for b in batches for i in range(0, len(b), 4)]
         spread = [grp for grp in groups if any(float(s["advantages"]) != 0 for s in grp)]
         flat = [s for mb in micro for s in mb]
         assert [s["uid"] for s in flat] == [s["uid"] for grp in spread[:4] for s in grp]  # the first 4, in order
         assert len(flat) == cfg.generation_batch_size and m["frac_batch_filled"] == 1.0
         assert m["groups_dropped"] == len(groups) - 4
         for i in range(0, len(flat), 4):  # every trained group has spread
-            assert len({float(s["advantages"]) for s in flat[i:i + 4]}) > 1
+            assert len({float(s["advantages"]) for s in flat[i : i + 4]}) > 1
         assert len(trainer.buffer) == 0  # no replay
 
 
 def test_dynamic_sampling_respects_the_cap_and_trains_a_part_batch(cfg_factory, monkeypatch):
-    cfg = cfg_factory(replay_buffer_class="ReplayBuffer", dynamic_sampling=True, per_device_train_batch_size=16,
-                      num_generations=4, max_generation_retries=0, max_steps=4)
+    cfg = cfg_factory(
+        replay_buffer_class="ReplayBuffer",
+        dynamic_sampling=True,
+        per_device_train_batch_size=16,
+        num_generations=4,
+        max_generation_retries=0,
+        max_steps=4,
+    )
     trainer = g.GRPOTrainer(cfg, reward_funcs=[mostly_gated_reward])
     step, generated, trained = spy_training(trainer, monkeypatch)
     part = 0
     for _ in range(4):
         m = step()
         assert len(generated[-1]) == 1 and m["generation_retries"] == 0
-        with_spread = sum(any(float(s["advantages"]) != 0 for s in generated[-1][0][i:i + 4]) for i in (0, 4, 8, 12))
+        with_spread = sum(any(float(s["advantages"]) != 0 for s in generated[-1][0][i : i + 4]) for i in (0, 4, 8, 12))
         part += 0 < with_spread < 4
         assert sum(len(mb) for mb in trained[-1]) == 4 * with_spread
         assert m["frac_batch_filled"] == with_spread / 4 and m["groups_dropped"] == 4 - with_spread
@@ -425,8 +467,7 @@ def test_dynamic_sampling_respects_the_cap_and_trains_a_part_batch(cfg_factory, 
 
 
 def test_dynamic_sampling_with_no_spread_generates_to_the_cap_then_skips(cfg_factory, monkeypatch):
-    cfg = cfg_factory(replay_buffer_class="ReplayBuffer", dynamic_sampling=True, max_generation_retries=2,
-                      max_steps=2)
+    cfg = cfg_factory(replay_buffer_class="ReplayBuffer", dynamic_sampling=True, max_generation_retries=2, max_steps=2)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[constant_reward])
     step, generated, trained = spy_training(trainer, monkeypatch)
     m = step()
@@ -456,8 +497,13 @@ class SignalOnce:
 def test_an_empty_step_moves_the_weights_unless_skipped(cfg_factory, weight_decay):
     after = {}
     for skip in (False, True):
-        cfg = cfg_factory(replay_buffer_class="ReplayBuffer", skip_empty_steps=skip, max_steps=4,
-                          weight_decay=weight_decay, learning_rate=1e-3)
+        cfg = cfg_factory(
+            replay_buffer_class="ReplayBuffer",
+            skip_empty_steps=skip,
+            max_steps=4,
+            weight_decay=weight_decay,
+            learning_rate=1e-3,
+        )
         trainer = g.GRPOTrainer(cfg, reward_funcs=[SignalOnce()])
         first = trainer.train_step()
         assert first["frac_zero_adv_trained"] < 1 and "skipped_empty" not in first
@@ -491,8 +537,11 @@ NOTEBOOK = ROOT / "notebooks" / "05_one_step_by_hand.ipynb"
 
 def by_hand_cells() -> list[str]:
     nb = json.loads(NOTEBOOK.read_text())
-    return ["".join(c["source"]) for c in nb["cells"]
-            if c["cell_type"] == "code" and "by-hand" in c["metadata"].get("tags", [])]
+    return [
+        "".join(c["source"])
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and "by-hand" in c["metadata"].get("tags", [])
+    ]
 
 
 def run_by_hand(tmp_path, replace: tuple[str, str] | None = None) -> dict:
@@ -514,14 +563,26 @@ def run_by_hand(tmp_path, replace: tuple[str, str] | None = None) -> dict:
 def weight_difference(ns: dict) -> float:
     torch.set_rng_state(ns["rng_before"][0])
     ns["twin"].train_step()
-    return max((p - q).abs().max().item()
-               for p, q in zip(ns["trainer"].model.parameters(), ns["twin"].model.parameters()))
+    return max(
+        (p - q).abs().max().item() for p, q in zip(ns["trainer"].model.parameters(), ns["twin"].model.parameters())
+    )
 
 
 def test_notebook_has_the_walk():
     calls = "\n".join(by_hand_cells())
-    for name in ("generate_batch", "buffer.add", "buffer.sample", "repad", "combine_tensor_dict", "per_token_logps",
-                 "grpo_loss", "backward", "clip_grad_norm_", "optimizer.step", "scheduler.step"):
+    for name in (
+        "generate_batch",
+        "buffer.add",
+        "buffer.sample",
+        "repad",
+        "combine_tensor_dict",
+        "per_token_logps",
+        "grpo_loss",
+        "backward",
+        "clip_grad_norm_",
+        "optimizer.step",
+        "scheduler.step",
+    ):
         assert name in calls, f"the by-hand cells of {NOTEBOOK.name} do not call {name}"
     assert "train_step" not in calls, "the by-hand walk must not call train_step itself"
 
@@ -546,29 +607,76 @@ def test_the_comparison_notices_a_missing_stage(tmp_path):
 # --- pinned runs: a refactor proves it changed nothing (2026-12-01) ---------------------------------------------------
 
 # "default" is SSR's defaults (fill, age decay 2), the file's default when these were pinned
-CONFIGS = {"default": {**SSR}, "replace": {**SSR, "ssr_mode": "replace"},
-           "uniform": {"replay_buffer_class": "ReplayBuffer", "num_iterations": 2, "gradient_accumulation_steps": 2},
-           "beta": {**SSR, "beta": 0.04}}
+CONFIGS = {
+    "default": {**SSR},
+    "replace": {**SSR, "ssr_mode": "replace"},
+    "uniform": {"replay_buffer_class": "ReplayBuffer", "num_iterations": 2, "gradient_accumulation_steps": 2},
+    "beta": {**SSR, "beta": 0.04},
+}
 
 
 # Steps 2 and 4 of 4 (max_steps 4, the default settings otherwise, one torch thread), as the file computed them
 # before it was split into Part I and Part II. The tolerance allows another CPU's rounding, not another algorithm.
 PINNED = {
-    'default': [
-        {'step': 2, 'reward': -36.8125, 'loss': 0.26086071133613586, 'grad_norm': 0.22699512541294098, 'clip_ratio': 0.0},
-        {'step': 4, 'reward': -31.5, 'loss': 0.42624497413635254, 'grad_norm': 0.31557130813598633, 'clip_ratio': 0.0},
+    "default": [
+        {
+            "step": 2,
+            "reward": -36.8125,
+            "loss": 0.26086071133613586,
+            "grad_norm": 0.22699512541294098,
+            "clip_ratio": 0.0,
+        },
+        {"step": 4, "reward": -31.5, "loss": 0.42624497413635254, "grad_norm": 0.31557130813598633, "clip_ratio": 0.0},
     ],
-    'replace': [
-        {'step': 2, 'reward': -36.875, 'loss': 0.2549920380115509, 'grad_norm': 0.6532236337661743, 'clip_ratio': 0.008998875506222248},
-        {'step': 4, 'reward': -29.5, 'loss': 0.05086508020758629, 'grad_norm': 0.8097429871559143, 'clip_ratio': 0.03999999910593033},
+    "replace": [
+        {
+            "step": 2,
+            "reward": -36.875,
+            "loss": 0.2549920380115509,
+            "grad_norm": 0.6532236337661743,
+            "clip_ratio": 0.008998875506222248,
+        },
+        {
+            "step": 4,
+            "reward": -29.5,
+            "loss": 0.05086508020758629,
+            "grad_norm": 0.8097429871559143,
+            "clip_ratio": 0.03999999910593033,
+        },
     ],
-    'uniform': [
-        {'step': 2, 'reward': -32.5, 'loss': 0.20628806203603745, 'grad_norm': 0.2737736403942108, 'clip_ratio': 0.0381755605340004},
-        {'step': 4, 'reward': -34.3125, 'loss': 0.16192282736301422, 'grad_norm': 0.25281813740730286, 'clip_ratio': 0.0},
+    "uniform": [
+        {
+            "step": 2,
+            "reward": -32.5,
+            "loss": 0.20628806203603745,
+            "grad_norm": 0.2737736403942108,
+            "clip_ratio": 0.0381755605340004,
+        },
+        {
+            "step": 4,
+            "reward": -34.3125,
+            "loss": 0.16192282736301422,
+            "grad_norm": 0.25281813740730286,
+            "clip_ratio": 0.0,
+        },
     ],
-    'beta': [
-        {'step': 2, 'reward': -36.8125, 'loss': 0.26100727915763855, 'grad_norm': 0.2271357625722885, 'clip_ratio': 0.0, 'kl': 0.003663630923256278},
-        {'step': 4, 'reward': -31.5625, 'loss': 0.4269564747810364, 'grad_norm': 0.31309646368026733, 'clip_ratio': 0.0, 'kl': 0.008115451782941818},
+    "beta": [
+        {
+            "step": 2,
+            "reward": -36.8125,
+            "loss": 0.26100727915763855,
+            "grad_norm": 0.2271357625722885,
+            "clip_ratio": 0.0,
+            "kl": 0.003663630923256278,
+        },
+        {
+            "step": 4,
+            "reward": -31.5625,
+            "loss": 0.4269564747810364,
+            "grad_norm": 0.31309646368026733,
+            "clip_ratio": 0.0,
+            "kl": 0.008115451782941818,
+        },
     ],
 }
 
@@ -590,14 +698,23 @@ def test_runs_match_the_pinned_lines(tmp_path, name):
 
 # --- old log-probs from the first training forward ---------------------------------------------------------------
 
-@pytest.mark.parametrize("flags", [dict(**SSR), dict(**SSR, gradient_accumulation_steps=2),
-                                   dict(replay_buffer_class="ReplayBuffer", num_iterations=2,
-                                        gradient_accumulation_steps=2)], ids=["fill", "fill-ga2", "uniform-mu2"])
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(**SSR),
+        dict(**SSR, gradient_accumulation_steps=2),
+        dict(replay_buffer_class="ReplayBuffer", num_iterations=2, gradient_accumulation_steps=2),
+    ],
+    ids=["fill", "fill-ga2", "uniform-mu2"],
+)
 def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_factory, flags):
     """Where every sample is trained in its own step first, the separate old-log-prob forward at generation is
     skipped and the first training forward's values are stored instead: they equal it, to float tolerance."""
-    trainer = g.GRPOTrainer(cfg_factory(max_steps=5, per_device_train_batch_size=8, num_generations=4, **flags),
-                            reward_funcs=[group_gated_reward])
+    trainer = g.GRPOTrainer(
+        cfg_factory(max_steps=5, per_device_train_batch_size=8, num_generations=4, **flags),
+        reward_funcs=[group_gated_reward],
+    )
     assert not trainer.old_logps_at_generation
     separate, forwards, real_gen, real_logps = {}, [], trainer.generate_batch, trainer.completion_logps
 

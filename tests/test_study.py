@@ -1,6 +1,7 @@
 """The replay studies (notebooks/study/run_study.py): the script end to end (raw data, summary, --analyse_only), its
 statistics (hand-computed tests, exact tests at small n, greedy measures paired by seed), and the first real-model
 study's audit reproduced from its raw files."""
+
 import json
 import sys
 
@@ -30,7 +31,7 @@ def test_holm_steps_down_and_stays_monotone():
 
 def test_t_interval_by_hand():
     lo, hi = run_study.t_interval(np.array([1.0, 2.0, 3.0]))  # mean 2, sd 1, t(0.975, 2) = 4.303
-    assert (lo, hi) == pytest.approx((2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
+    assert (lo, hi) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
 
 
 def test_spearman_gives_ties_their_average_rank():
@@ -78,14 +79,37 @@ def test_run_study_end_to_end_and_regenerates_from_raw(tmp_path, capsys):
     """The replay study: raw per-seed data for every (arm, learning rate, seed), paired differences to GRPO with
     bootstrap intervals, cost and staleness; --analyse_only rebuilds the same summary from the raw files alone."""
     sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
-    import run_study
-
     import torch
 
+    import run_study
+
     out = tmp_path / "study"
-    args = ["--arms", "grpo", "ssr_fill", "--learning_rates", "1e-3", "--seeds", "0", "1", "--max_steps", "4",
-            "--points", "2", "4", "--window", "2", "--bootstrap", "200", "--jobs", "1", "--out_dir", str(out),
-            "--set", "max_completion_length=64", "ssr_capacity_scalar=2"]
+    args = [
+        "--arms",
+        "grpo",
+        "ssr_fill",
+        "--learning_rates",
+        "1e-3",
+        "--seeds",
+        "0",
+        "1",
+        "--max_steps",
+        "4",
+        "--points",
+        "2",
+        "4",
+        "--window",
+        "2",
+        "--bootstrap",
+        "200",
+        "--jobs",
+        "1",
+        "--out_dir",
+        str(out),
+        "--set",
+        "max_completion_length=64",
+        "ssr_capacity_scalar=2",
+    ]
     threads = torch.get_num_threads()
     try:
         assert run_study.main(args) == 0
@@ -115,10 +139,14 @@ def test_run_study_greedy_measures_are_paired_by_seed():
     the per-seed trapezoid areas, recomputed here by hand from two arms of the committed tiny study."""
     sys.path.insert(0, str(NOTEBOOK_DIR / "study"))
     import numpy as np
+
     import run_study
 
-    runs = [r for r in run_study.load_raw(NOTEBOOK_DIR / "study" / "results" / "replay_study" / "raw")
-            if r["learning_rate"] == 3e-4 and r["arm"] in ("grpo", "ssr_fill_decay")]
+    runs = [
+        r
+        for r in run_study.load_raw(NOTEBOOK_DIR / "study" / "results" / "replay_study" / "raw")
+        if r["learning_rate"] == 3e-4 and r["arm"] in ("grpo", "ssr_fill_decay")
+    ]
     assert len(runs) == 16
     summary = run_study.analyse(runs, [50], 10, 200, greedy=True)
     cell = summary["cells"]["0.0003"]["ssr_fill_decay"]
@@ -126,7 +154,8 @@ def test_run_study_greedy_measures_are_paired_by_seed():
     def auc(r):
         steps, values = np.array(r["eval"]["step"], float), np.array(r["eval"]["eval_greedy_reward"], float)
         return sum((values[i] + values[i + 1]) / 2 * (steps[i + 1] - steps[i]) for i in range(len(steps) - 1)) / (
-            steps[-1] - steps[0])
+            steps[-1] - steps[0]
+        )
 
     by = {(r["arm"], r["seed"]): auc(r) for r in runs}
     diffs = [by["ssr_fill_decay", s] - by["grpo", s] for s in range(8)]

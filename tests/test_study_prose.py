@@ -3,6 +3,7 @@ notebooks/study/README.md, the notebook's closing cell and the main README are r
 notebooks/study/results/budget/raw/ and must appear there as written; the wording the audit removed (a cheapest arm
 that was not, equivalence where no margin was registered, equal update counts that were not) must not come back.
 Reads the raw files only: no training."""
+
 import sys
 
 import nbformat
@@ -41,15 +42,21 @@ def facts():
     updates = {a: [run_study.updates(r) for r in rs] for a, rs in arm_runs.items()}
     completions = {a: float(np.mean([run_study.cost(r)["completions"] for r in rs])) for a, rs in arm_runs.items()}
     batch = {a: rs[0]["config"]["per_device_train_batch_size"] for a, rs in arm_runs.items()}
-    xeon_mean = {a: float(np.mean([r["cpu_s"] for r in rs if (a, r["seed"]) not in AMD_RUNS]))
-                 for a, rs in arm_runs.items()}
+    xeon_mean = {
+        a: float(np.mean([r["cpu_s"] for r in rs if (a, r["seed"]) not in AMD_RUNS])) for a, rs in arm_runs.items()
+    }
     return {
-        "grpo_cpu": float(np.mean(grpo_cpu)), "ssr_cpu": float(np.mean(ssr_cpu)),
-        "ssr_more": sum(s > g for g, s in zip(grpo_cpu, ssr_cpu)), "pairs": len(grpo_cpu),
-        "dapo_updates": float(np.mean(updates["dapo"])), "dapo_min": min(updates["dapo"]),
-        "ssr_updates": float(np.mean(updates["ssr_fresh"])), "ssr_min": min(updates["ssr_fresh"]),
+        "grpo_cpu": float(np.mean(grpo_cpu)),
+        "ssr_cpu": float(np.mean(ssr_cpu)),
+        "ssr_more": sum(s > g for g, s in zip(grpo_cpu, ssr_cpu)),
+        "pairs": len(grpo_cpu),
+        "dapo_updates": float(np.mean(updates["dapo"])),
+        "dapo_min": min(updates["dapo"]),
+        "ssr_updates": float(np.mean(updates["ssr_fresh"])),
+        "ssr_min": min(updates["ssr_fresh"]),
         "plain_updates": {a: updates[a] for a in ("grpo", "grpo_matched")},
-        "ssr_completions": completions["ssr_fresh"], "grpo_completions": completions["grpo"],
+        "ssr_completions": completions["ssr_fresh"],
+        "grpo_completions": completions["grpo"],
         "ssr_extra_batches": (completions["ssr_fresh"] - completions["grpo"]) / batch["ssr_fresh"],
         "amd_over_xeon": min(by[k]["cpu_s"] / xeon_mean[k[0]] for k in AMD_RUNS),
         "cpu_16": {a: float(np.mean([r["cpu_s"] for r in rs])) for a, rs in arm_runs.items()},
@@ -67,7 +74,8 @@ def test_study_readme_states_the_recomputed_cost(facts):
         # (a) CPU seconds on one machine, and the pairs where SSR cost more
         f"`grpo` averaged {f['grpo_cpu']:.1f} CPU s a run and `ssr_fresh` {f['ssr_cpu']:.1f}",
         f"`ssr_fresh` cost more on {f['ssr_more']} of the {f['pairs']} pairs",
-        f"the arm table's {f['cpu_16']['ssr_fresh']:.0f} CPU s against `grpo`'s {f['cpu_16']['grpo']:.0f} mixes machines",
+        f"the arm table's {f['cpu_16']['ssr_fresh']:.0f} CPU s against `grpo`'s {f['cpu_16']['grpo']:.0f} "
+        "mixes machines",
         "each AMD EPYC run took more than twice its arm's mean on the Xeon",
         f"Matched GRPO took {f['cpu_16']['grpo_matched']:.0f} CPU s a run and DAPO {f['cpu_16']['dapo']:.0f}",
         f"matched GRPO cost more on all {f['matched_dearer']} seeds",
@@ -90,23 +98,39 @@ def test_study_readme_states_the_recomputed_cost(facts):
 
 def test_notebook_and_main_readme_state_the_same_numbers(facts):
     f, prose = facts, notebook_prose()
-    for e in (f"`grpo` averaged {f['grpo_cpu']:.1f} CPU s a run and `ssr_fresh` {f['ssr_cpu']:.1f}",
-              f"`ssr_fresh` cost more on {f['ssr_more']} of the {f['pairs']} pairs",
-              f"DAPO averaged {f['dapo_updates']:.2f} optimizer updates a run ({f['dapo_min']} at the least)",
-              f"It averaged {f['ssr_updates']:.2f} optimizer updates a run ({f['ssr_min']} at the least)",
-              f"It generated {f['ssr_completions']:.0f} completions a run against GRPO's "
-              f"{f['grpo_completions']:.0f}, {percent_more(f):.0f}% more"):
+    for e in (
+        f"`grpo` averaged {f['grpo_cpu']:.1f} CPU s a run and `ssr_fresh` {f['ssr_cpu']:.1f}",
+        f"`ssr_fresh` cost more on {f['ssr_more']} of the {f['pairs']} pairs",
+        f"DAPO averaged {f['dapo_updates']:.2f} optimizer updates a run ({f['dapo_min']} at the least)",
+        f"It averaged {f['ssr_updates']:.2f} optimizer updates a run ({f['ssr_min']} at the least)",
+        f"It generated {f['ssr_completions']:.0f} completions a run against GRPO's "
+        f"{f['grpo_completions']:.0f}, {percent_more(f):.0f}% more",
+    ):
         assert e in prose, f"not in the notebook's prose as recomputed: {e}"
     results = flat(MAIN_README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0])
-    assert (f"at {f['ssr_completions']:.0f} completions a run against {f['grpo_completions']:.0f} "
-            f"({percent_more(f):.0f}% more) and more CPU time on {f['ssr_more']} of {f['pairs']} same-machine pairs"
-            in results)
+    assert (
+        f"at {f['ssr_completions']:.0f} completions a run against {f['grpo_completions']:.0f} "
+        f"({percent_more(f):.0f}% more) and more CPU time on {f['ssr_more']} of {f['pairs']} same-machine pairs"
+        in results
+    )
 
 
-@pytest.mark.parametrize("phrase", ["cheapest arm", "matched by", "end level", "gained as much",
-                                    "explains DAPO's lead as well as", "every arm makes the same number",
-                                    "did not beat GRPO"])
+@pytest.mark.parametrize(
+    "phrase",
+    [
+        "cheapest arm",
+        "matched by",
+        "end level",
+        "gained as much",
+        "explains DAPO's lead as well as",
+        "every arm makes the same number",
+        "did not beat GRPO",
+    ],
+)
 def test_the_audited_wording_does_not_come_back(phrase):
-    for name, text in (("notebooks/study/README.md", STUDY_README.read_text()), ("README.md", MAIN_README.read_text()),
-                       ("the notebook's prose", notebook_prose())):
+    for name, text in (
+        ("notebooks/study/README.md", STUDY_README.read_text()),
+        ("README.md", MAIN_README.read_text()),
+        ("the notebook's prose", notebook_prose()),
+    ):
         assert phrase.lower() not in flat(text).lower(), f"{phrase!r} is back in {name}"

@@ -1,5 +1,6 @@
 """Threads, in one place: one torch thread by default for the tiny model, --num_threads, and the count recorded in the
 run's record; and, on the command line, a warning in one line."""
+
 import os
 import subprocess
 import sys
@@ -29,14 +30,33 @@ def test_threads_default_to_one_for_the_tiny_model_and_are_recorded(cfg_factory,
 def test_on_the_command_line_a_warning_is_one_line(tmp_path):
     """A run from the command line prints a warning as one `warning:` line, not Python's two (file:line, then the
     source line that raised it): here, a reward function's None, named once."""
-    (tmp_path / "patchy_rewards.py").write_text("def patchy(completions, **kw):\n"
-                                                "    return [None] + [1.0] * (len(completions) - 1)\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *SMALL, "--max_steps", "2", "--eval_steps", "0",
-                           "--reward_funcs", "patchy_rewards.patchy", "--output_dir", str(tmp_path / "o")],
-                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"},
-                          timeout=300)
+    (tmp_path / "patchy_rewards.py").write_text(
+        "def patchy(completions, **kw):\n    return [None] + [1.0] * (len(completions) - 1)\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "grpo_ssr.py"),
+            *SMALL,
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "0",
+            "--reward_funcs",
+            "patchy_rewards.patchy",
+            "--output_dir",
+            str(tmp_path / "o"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     warned = [line for line in proc.stderr.splitlines() if "patchy" in line]
-    assert warned == ["warning: reward function 'patchy' returned None for some completions: no score from it there "
-                      "(a completion no function scores gets advantage 0). Shown once per function."], proc.stderr
+    assert warned == [
+        "warning: reward function 'patchy' returned None for some completions: no score from it there "
+        "(a completion no function scores gets advantage 0). Shown once per function."
+    ], proc.stderr
     assert "UserWarning" not in proc.stderr and "grpo_ssr.py:" not in proc.stderr

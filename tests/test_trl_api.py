@@ -6,6 +6,7 @@ test_threads.py, config values, a crashed run, Ctrl-C and the end-of-run replay 
 scale_rewards and rewards that return strings in test_rewards_and_advantages.py, a malformed .jsonl in
 test_models_and_data.py.) The two scripts, and the offline stand-ins for the Hub they run against, are in conftest.py
 with the suite's other long runs."""
+
 import json
 
 import pytest
@@ -26,16 +27,27 @@ def test_trl_call_shape_trains_saves_and_keeps_a_log_history(cfg_factory, tiny_f
     held_out = Dataset.from_list([{"prompt": f"Held-out {i}\nTL;DR:"} for i in range(2)])
     tok = g.load_model("tiny")[1]
     args = cfg_factory(max_steps=2, eval_steps=1)
-    trainer = g.GRPOTrainer(model=str(tiny_folder), reward_funcs=reward_len, args=args, train_dataset=train,
-                            eval_dataset=held_out, processing_class=tok)
+    trainer = g.GRPOTrainer(
+        model=str(tiny_folder),
+        reward_funcs=reward_len,
+        args=args,
+        train_dataset=train,
+        eval_dataset=held_out,
+        processing_class=tok,
+    )
     assert trainer.args is trainer.cfg and trainer.processing_class is tok
     assert trainer.record_of_run["model"] == str(tiny_folder)  # a name a resume can load, not "passed from Python"
     trainer.train()
     out = g.Path(args.output_dir)
     history = trainer.state.log_history
     assert [json.loads(g.json_line(r)) for r in history] == metrics_rows(out)  # NaN is null in the file
-    assert [("eval" if "eval_reward" in r else "train", r["step"]) for r in history] == \
-        [("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2)]
+    assert [("eval" if "eval_reward" in r else "train", r["step"]) for r in history] == [
+        ("eval", 0),
+        ("train", 1),
+        ("eval", 1),
+        ("train", 2),
+        ("eval", 2),
+    ]
     assert trainer.state.global_step == trainer.state.max_steps == 2
     trainer.save_model(str(tmp_path / "saved"))
     from transformers import AutoModelForCausalLM
@@ -67,8 +79,9 @@ def test_a_model_object_needs_its_processing_class(cfg_factory, tiny_folder, tmp
     model = AutoModelForCausalLM.from_pretrained(tiny_folder)
     with pytest.raises(g.ConfigError, match="pass processing_class= .its tokenizer. with this model object"):
         g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1))
-    trainer = g.GRPOTrainer(model, reward_len, args=cfg_factory(max_steps=1),
-                            processing_class=AutoTokenizer.from_pretrained(tiny_folder))
+    trainer = g.GRPOTrainer(
+        model, reward_len, args=cfg_factory(max_steps=1), processing_class=AutoTokenizer.from_pretrained(tiny_folder)
+    )
     assert trainer.train()[-1]["step"] == 1
     bare = tmp_path / "weights_only"
     model.save_pretrained(bare)  # no tokenizer files beside the weights
@@ -78,8 +91,9 @@ def test_a_model_object_needs_its_processing_class(cfg_factory, tiny_folder, tmp
 
 
 def test_reward_funcs_as_one_function_a_name_or_a_list_of_both(cfg_factory, tmp_path, monkeypatch, keep_threads):
-    (tmp_path / "my_rewards.py").write_text("def shortest(completions, **kw):\n"
-                                            "    return [-float(len(c)) for c in completions]\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "def shortest(completions, **kw):\n    return [-float(len(c)) for c in completions]\n"
+    )
     monkeypatch.chdir(tmp_path)
     originals = lambda trainer: [f.func for f in trainer.reward_funcs]  # each is wrapped in a CheckedReward
     one = g.GRPOTrainer(args=cfg_factory(), reward_funcs=reward_len)
@@ -93,12 +107,15 @@ def test_reward_funcs_as_one_function_a_name_or_a_list_of_both(cfg_factory, tmp_
     assert positional.cfg.model == "tiny" and originals(positional) == [reward_len]
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(peft_config=object()), "got an unexpected keyword argument 'peft_config'"),  # Python's own TypeError
-    (dict(callbacks=[]), "got an unexpected keyword argument 'callbacks'"),
-    (dict(args="both"), "GRPOTrainer: pass the config once, as the first argument or as args="),
-    (dict(dataset=[{"prompt": "b"}]), "got an unexpected keyword argument 'dataset'"),  # TRL's train_dataset= only
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(peft_config=object()), "got an unexpected keyword argument 'peft_config'"),  # Python's own TypeError
+        (dict(callbacks=[]), "got an unexpected keyword argument 'callbacks'"),
+        (dict(args="both"), "GRPOTrainer: pass the config once, as the first argument or as args="),
+        (dict(dataset=[{"prompt": "b"}]), "got an unexpected keyword argument 'dataset'"),  # TRL's train_dataset= only
+    ],
+)
 def test_trl_arguments_this_trainer_lacks_are_one_line(cfg_factory, kwargs, message):
     with pytest.raises((g.ConfigError, TypeError)) as e:
         g.GRPOTrainer(cfg_factory(), reward_funcs=reward_len, **kwargs)
@@ -108,18 +125,21 @@ def test_trl_arguments_this_trainer_lacks_are_one_line(cfg_factory, kwargs, mess
 NOT_A_FIELD = "is not a field of GRPOConfig (python grpo_ssr.py --help lists them)"
 
 
-@pytest.mark.parametrize("name,value,closest", [  # one generic line; a suggestion only for a near-certain typo, never
-    ("num_train_epochs", 1, None),                # a look-alike that means something else (num_iterations)
-    ("report_to", "wandb", None),
-    ("logging_dir", "logs", None),
-    ("per_device_eval_batch_size", 8, None),
-    ("num_generatons", 8, "num_generations"),
-    ("gradient_checkpointing", True, None),
-    ("use_vllm", True, None),
-    ("vllm_server_host", "0.0.0.0", None),
-    ("top_k", 50, None),
-    ("tf32", True, None),
-])
+@pytest.mark.parametrize(
+    "name,value,closest",
+    [  # one generic line; a suggestion only for a near-certain typo, never
+        ("num_train_epochs", 1, None),  # a look-alike that means something else (num_iterations)
+        ("report_to", "wandb", None),
+        ("logging_dir", "logs", None),
+        ("per_device_eval_batch_size", 8, None),
+        ("num_generatons", 8, "num_generations"),
+        ("gradient_checkpointing", True, None),
+        ("use_vllm", True, None),
+        ("vllm_server_host", "0.0.0.0", None),
+        ("top_k", 50, None),
+        ("tf32", True, None),
+    ],
+)
 def test_trl_config_fields_this_file_lacks_are_refused_in_one_line(name, value, closest):
     with pytest.raises(g.ConfigError) as e:
         g.GRPOConfig(output_dir="x", **{name: value})

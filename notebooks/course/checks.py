@@ -36,6 +36,7 @@ def _require(ok: bool, message: str) -> None:
 
 def _show(answer: Any) -> str:
     """An answer on one short line: a tensor or array as a list, numbers to 6 significant digits."""
+
     def rounded(x):
         if isinstance(x, (torch.Tensor, np.ndarray)):
             x = torch.as_tensor(x).detach().cpu().tolist()
@@ -72,36 +73,49 @@ def _tensor_fn(fn: Callable, *args) -> torch.Tensor | None:
 # 01 · generation and reward
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def _01_1(answer):
     _same_hash(int(answer), "6b51d431df5d7f14", "Count bytes, not characters: how many bytes is ï in UTF-8?")
 
 
 def _01_2(answer):
-    _same_hash([[int(v) for v in row] for row in answer], "1dc894461d897b29",
-               "Compare row by row with the rule 'up to and including the first EOS'.")
+    _same_hash(
+        [[int(v) for v in row] for row in answer],
+        "1dc894461d897b29",
+        "Compare row by row with the rule 'up to and including the first EOS'.",
+    )
 
 
 def _01_3(answer):
-    _close(answer, (0.8668133321973227, 0.9999999979388464), 1e-4,
-           "softmax(logits / T): divide first, then normalise; a small T sharpens.")
+    _close(
+        answer,
+        (0.8668133321973227, 0.9999999979388464),
+        1e-4,
+        "softmax(logits / T): divide first, then normalise; a small T sharpens.",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 02 · group advantages
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def _02_1(answer):
-    _close(answer, 0.3 ** 4 + 0.7 ** 4, 1e-3, "A group has zero spread when all succeed or all fail.")
+    _close(answer, 0.3**4 + 0.7**4, 1e-3, "A group has zero spread when all succeed or all fail.")
 
 
 def _02_2(fn):
-    r = torch.tensor([1., 0., 0., 0., 3., 1., 2., 2.])
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.0, 2.0])
     got = _tensor_fn(fn, r, 4)
     if got is None:
         return None
     _require(got.shape == (8,), f"expected one advantage per completion, shape (8,), got {tuple(got.shape)}")
-    _close(got, [1, -1 / 3, -1 / 3, -1 / 3, 4 / 3, -4 / 3, 0, 0], 1e-5,
-           "A_i = r_i - mean of the OTHER G - 1 rewards of its group; groups are contiguous blocks of G.")
+    _close(
+        got,
+        [1, -1 / 3, -1 / 3, -1 / 3, 4 / 3, -4 / 3, 0, 0],
+        1e-5,
+        "A_i = r_i - mean of the OTHER G - 1 rewards of its group; groups are contiguous blocks of G.",
+    )
     x = torch.randn(24, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     unscaled = grpo_ssr.group_advantages(x, 6, scale_rewards=False)
     _close(_tensor_fn(fn, x, 6), unscaled * 6 / 5, 1e-5, "It should work for any group size G.")
@@ -112,9 +126,14 @@ def _02_2(fn):
 # 03 · the GRPO loss
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def _03_1(answer):
-    _close(answer, ((1.2, 0.0), (-1.5, -1.0)), 1e-6,
-           "min(rho * A, clip(rho) * A): which branch is smaller? The clipped branch does not depend on rho.")
+    _close(
+        answer,
+        ((1.2, 0.0), (-1.5, -1.0)),
+        1e-6,
+        "min(rho * A, clip(rho) * A): which branch is smaller? The clipped branch does not depend on rho.",
+    )
 
 
 def _03_2(answer):
@@ -128,8 +147,12 @@ def _03_3(fn):
     if got is None:
         return None
     _close(got, 29 / 6, 1e-6, "With dim=None: the mean over every entry whose mask is 1 (here 6 of them).")
-    _close(_tensor_fn(fn, x, mask, 1), [1.5, 6.5, 0.0], 1e-6,
-           "With dim=1: one mean per row; a row without any mask-1 entry gives 0, not NaN.")
+    _close(
+        _tensor_fn(fn, x, mask, 1),
+        [1.5, 6.5, 0.0],
+        1e-6,
+        "With dim=1: one mean per row; a row without any mask-1 entry gives 0, not NaN.",
+    )
     return True
 
 
@@ -147,14 +170,19 @@ def _03_4(fn):
         return None
     _require(len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}")
     want, _ = grpo_ssr.grpo_loss(logp, old, adv, mask, loss_type="dapo")  # the one big batch
-    _close(sum(torch.as_tensor(x, dtype=torch.float64) for x in got), want.item(), 1e-6,
-           "The micro-batch losses must add up to the big batch's: every token of the step weighs the same.")
+    _close(
+        sum(torch.as_tensor(x, dtype=torch.float64) for x in got),
+        want.item(),
+        1e-6,
+        "The micro-batch losses must add up to the big batch's: every token of the step weighs the same.",
+    )
     return True
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 04 · replay buffers
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def _04_1(answer):
     _close(answer, (0.5, 2 / 3), 1e-3, "P(i) = |A_i|^alpha / sum_j |A_j|^alpha.")
@@ -174,8 +202,12 @@ def _04_3(fn):
     _close(got, w / w.sum(), 1e-6, "priority = |A|^alpha * exp(-age / tau), then divide by the sum.")
     buffer = grpo_ssr.SSRReplayBuffer(capacity=4, alpha=2.0)
     buffer.add([{"advantages": a} for a in adv[:4]])
-    _close(_tensor_fn(fn, adv[:4], torch.zeros(4), 2.0, math.inf), buffer.probabilities(), 1e-6,
-           "With tau = inf (no decay) it should give SSRReplayBuffer's probabilities for the same alpha.")
+    _close(
+        _tensor_fn(fn, adv[:4], torch.zeros(4), 2.0, math.inf),
+        buffer.probabilities(),
+        1e-6,
+        "With tau = inf (no decay) it should give SSRReplayBuffer's probabilities for the same alpha.",
+    )
     return True
 
 
@@ -183,15 +215,31 @@ def _04_3(fn):
 # 06 · a real model learns sums
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def _06_1(answer):
-    _same_hash([int(v) for v in answer], "c009b8af98ea96ee",
-               "Give (first-number total, anywhere total). The first rule reads only the first number of each "
-               "completion; the lenient one accepts 12 wherever it appears.")
+    _same_hash(
+        [int(v) for v in answer],
+        "c009b8af98ea96ee",
+        "Give (first-number total, anywhere total). The first rule reads only the first number of each "
+        "completion; the lenient one accepts 12 wherever it appears.",
+    )
 
 
-STRICT_CASES = [("12", 12.0), (" 12.\n", 12.0), ("-3", -3.0), ("2.5", 2.5), ("0", 0.0),
-                ("7 + 5 = 12", None), ("The answer is 12.", None), ("12 apples", None), ("12, 13", None),
-                ("1 2", None), ("twelve", None), ("", None), (".", None)]
+STRICT_CASES = [
+    ("12", 12.0),
+    (" 12.\n", 12.0),
+    ("-3", -3.0),
+    ("2.5", 2.5),
+    ("0", 0.0),
+    ("7 + 5 = 12", None),
+    ("The answer is 12.", None),
+    ("12 apples", None),
+    ("12, 13", None),
+    ("1 2", None),
+    ("twelve", None),
+    ("", None),
+    (".", None),
+]
 
 
 def _06_2(fn):
@@ -199,39 +247,67 @@ def _06_2(fn):
         return None
     for text, want in STRICT_CASES:
         got = fn(text)
-        _require((got is None and want is None) or (got is not None and want is not None and float(got) == want),
-                 f"strict_answer({text!r}) gave {got!r}, expected {want!r}. The whole completion must be one number: "
-                 "only whitespace around it and one final period are allowed.")
+        _require(
+            (got is None and want is None) or (got is not None and want is not None and float(got) == want),
+            f"strict_answer({text!r}) gave {got!r}, expected {want!r}. The whole completion must be one number: "
+            "only whitespace around it and one final period are allowed.",
+        )
     return True
 
 
 def _06_3(fn):
-    completions = ["12", "12", "12", "12",             # all right: zero spread
-                   "8", "10", "nine", "7 + 2 = 9",     # all wrong for the first-number rule: zero spread
-                   "5", "6", "5", "4"]                 # mixed
+    completions = [
+        "12",
+        "12",
+        "12",
+        "12",  # all right: zero spread
+        "8",
+        "10",
+        "nine",
+        "7 + 2 = 9",  # all wrong for the first-number rule: zero spread
+        "5",
+        "6",
+        "5",
+        "4",
+    ]  # mixed
     answers = [12] * 4 + [9] * 4 + [5] * 4
     got = fn(completions, answers, 4)
     if got is None:
         return None
-    _close(got, 2 / 3, 1e-9, "Score every completion with reward_accuracy, cut the rewards into groups of G "
-                             "consecutive ones, and count the groups whose rewards are all equal: all right counts too.")
-    anywhere = lambda completions, answer, **kw: [float(float(a) in map(float, grpo_ssr.FIRST_NUMBER.findall(c)))
-                                                  for c, a in zip(completions, answer)]
-    _close(fn(completions, answers, 4, anywhere), 1 / 3, 1e-9,
-           "Use the reward_func passed in: with the lenient rule, '7 + 2 = 9' is right, and its group is mixed.")
+    _close(
+        got,
+        2 / 3,
+        1e-9,
+        "Score every completion with reward_accuracy, cut the rewards into groups of G "
+        "consecutive ones, and count the groups whose rewards are all equal: all right counts too.",
+    )
+    anywhere = lambda completions, answer, **kw: [
+        float(float(a) in map(float, grpo_ssr.FIRST_NUMBER.findall(c))) for c, a in zip(completions, answer)
+    ]
+    _close(
+        fn(completions, answers, 4, anywhere),
+        1 / 3,
+        1e-9,
+        "Use the reward_func passed in: with the lenient rule, '7 + 2 = 9' is right, and its group is mixed.",
+    )
     gen = torch.Generator().manual_seed(0)
     right = torch.rand(48, generator=gen) < 0.7
     answers = [int(a) for a in torch.randint(0, 100, (48,), generator=gen)]
     completions = [str(a if ok else a + 1) for a, ok in zip(answers, right)]
     rewards = torch.tensor(grpo_ssr.reward_accuracy(completions, answer=answers))
-    _close(fn(completions, answers, 3), grpo_ssr.zero_spread_groups(rewards, 3).float().mean(), 1e-9,
-           "It should agree with the trainer's frac_reward_zero_std for any group size G.")
+    _close(
+        fn(completions, answers, 3),
+        grpo_ssr.zero_spread_groups(rewards, 3).float().mean(),
+        1e-9,
+        "It should agree with the trainer's frac_reward_zero_std for any group size G.",
+    )
     return True
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # study 01 · training with replay: the replay study
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def _s01_1(fn):
     base = [0.020, 0.080, 0.045, 0.120, 0.060, 0.030, 0.100, 0.070]  # seeds differ a lot; the arm's gain does not
@@ -243,23 +319,32 @@ def _s01_1(fn):
     _require(len(got) == 3, f"expected (mean, low, high), got {_show(got)}")
     _close(got[0], 0.009, 1e-9, "The first number is the mean of the per-seed differences arm - baseline.")
     # the reference interval: 400,000 resamples; any 10,000 land within a small fraction of its width of it
-    _close(got[1:], (0.004375, 0.0135), 0.0014,
-           "Resample the seeds (the same indices for both arms), average each resample's differences, and take the "
-           "2.5th and 97.5th percentiles of those means.")
+    _close(
+        got[1:],
+        (0.004375, 0.0135),
+        0.0014,
+        "Resample the seeds (the same indices for both arms), average each resample's differences, and take the "
+        "2.5th and 97.5th percentiles of those means.",
+    )
     flat = fn(np.array(arm), np.array(arm) - 0.01, 2_000, 1)
     _close(flat, (0.01, 0.01, 0.01), 1e-9, "If every seed gains exactly 0.01, the interval is the single point 0.01.")
     return True
 
 
 def _s01_2(answer):
-    _close(answer, (0.018906, 0.015288), 5e-4,
-           "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
-           "(skipping steps that logged none), then the mean over the 8 seeds.")
+    _close(
+        answer,
+        (0.018906, 0.015288),
+        5e-4,
+        "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
+        "(skipping steps that logged none), then the mean over the 8 seeds.",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 08 · when GRPO learns nothing
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def _08_1(answer):
     lengths = torch.tensor([2, 4, 4, 6])
@@ -267,9 +352,13 @@ def _08_1(answer):
     advantages = grpo_ssr.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)
     logps = torch.zeros(4, 6)
     want, _ = grpo_ssr.grpo_loss(logps, logps, advantages, mask, loss_type="dapo")  # the first iteration: ratio 1
-    _close(answer, want.item(), 1e-3,
-           "With the ratio 1 each token's loss is -A of its completion; dapo divides the sum over all tokens by their "
-           "number (16). The advantages sum to 0, but the lengths weigh them.")
+    _close(
+        answer,
+        want.item(),
+        1e-3,
+        "With the ratio 1 each token's loss is -A of its completion; dapo divides the sum over all tokens by their "
+        "number (16). The advantages sum to 0, but the lengths weigh them.",
+    )
 
 
 def _08_2(fn):
@@ -278,25 +367,55 @@ def _08_2(fn):
     if got is None:
         return None
     _require(got.shape == (2,), f"expected one ratio per row, shape (2,), got {tuple(got.shape)}")
-    _close(got, [0.75, 0.5], 1e-6, "pi is the full softmax, pi_sampler the softmax over the top k only: their ratio "
-                                   "for a kept token is the share of the probability that the top k hold.")
+    _close(
+        got,
+        [0.75, 0.5],
+        1e-6,
+        "pi is the full softmax, pi_sampler the softmax over the top k only: their ratio "
+        "for a kept token is the share of the probability that the top k hold.",
+    )
     _close(_tensor_fn(fn, logits, 4), [1.0, 1.0], 1e-6, "With k = V the sampler is the full softmax: the ratio is 1.")
     x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
-    _close(_tensor_fn(fn, x, 7), torch.softmax(x, -1).topk(7, -1).values.sum(-1), 1e-6,
-           "It should work for any logits and any k.")
+    _close(
+        _tensor_fn(fn, x, 7),
+        torch.softmax(x, -1).topk(7, -1).values.sum(-1),
+        1e-6,
+        "It should work for any logits and any k.",
+    )
     return True
 
 
 def _08_3(answer):
-    _close(answer, (0.075 / (0.05 + 1e-4), 0.075), 5e-4,
-           "The mean is -19.975; 'group' divides by the group's unbiased std (ddof 1) + 1e-4, 'none' by nothing.")
+    _close(
+        answer,
+        (0.075 / (0.05 + 1e-4), 0.075),
+        5e-4,
+        "The mean is -19.975; 'group' divides by the group's unbiased std (ddof 1) + 1e-4, 'none' by nothing.",
+    )
 
-CHECKS: dict[str, Callable] = {"01.1": _01_1, "01.2": _01_2, "01.3": _01_3, "02.1": _02_1, "02.2": _02_2,
-                               "03.1": _03_1, "03.2": _03_2, "03.3": _03_3, "03.4": _03_4,
-                               "04.1": _04_1, "04.2": _04_2, "04.3": _04_3,
-                               "06.1": _06_1, "06.2": _06_2, "06.3": _06_3,
-                               "08.1": _08_1, "08.2": _08_2, "08.3": _08_3,
-                               "S01.1": _s01_1, "S01.2": _s01_2}
+
+CHECKS: dict[str, Callable] = {
+    "01.1": _01_1,
+    "01.2": _01_2,
+    "01.3": _01_3,
+    "02.1": _02_1,
+    "02.2": _02_2,
+    "03.1": _03_1,
+    "03.2": _03_2,
+    "03.3": _03_3,
+    "03.4": _03_4,
+    "04.1": _04_1,
+    "04.2": _04_2,
+    "04.3": _04_3,
+    "06.1": _06_1,
+    "06.2": _06_2,
+    "06.3": _06_3,
+    "08.1": _08_1,
+    "08.2": _08_2,
+    "08.3": _08_3,
+    "S01.1": _s01_1,
+    "S01.2": _s01_2,
+}
 
 
 def check(exercise: str, answer) -> bool:

@@ -29,29 +29,55 @@ from pathlib import Path
 # The replay study that study notebook 01 reads: its summary and every run's raw metrics (about 0.75 MB), named as
 # notebooks/study/run_study.py names them (a test checks that this list and the folder agree).
 STUDY = "notebooks/study/results/replay_study"
-STUDY_FILES = (f"{STUDY}/summary.json", *(f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.json.gz"
-                                          for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay",
-                                                      "ssr_replace_stale")
-                                          for lr in ("0.001", "0.0003") for seed in range(8)))
+STUDY_FILES = (
+    f"{STUDY}/summary.json",
+    *(
+        f"{STUDY}/raw/{arm}-lr{lr}-seed{seed}.json.gz"
+        for arm in ("grpo", "filter", "ssr_replace", "ssr_fill", "ssr_fill_decay", "ssr_replace_stale")
+        for lr in ("0.001", "0.0003")
+        for seed in range(8)
+    ),
+)
 # The replication that study notebook 02 reads: every run's raw metrics (about 60 kB), the four priority arms on seeds
 # 8-15 and the optional arms' one seed, named as run_study.py names them.
 REPLICATION = "notebooks/study/results/replication/raw"
-REPLICATION_FILES = (*(f"{REPLICATION}/{arm}-lr2e-05-seed{seed}.json.gz"
-                       for arm in ("grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay") for seed in range(8, 16)),
-                     *(f"{REPLICATION}/{arm}-lr2e-05-seed8.json.gz" for arm in ("filter", "ssr_replace", "ssr_fill")))
+REPLICATION_FILES = (
+    *(
+        f"{REPLICATION}/{arm}-lr2e-05-seed{seed}.json.gz"
+        for arm in ("grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay")
+        for seed in range(8, 16)
+    ),
+    *(f"{REPLICATION}/{arm}-lr2e-05-seed8.json.gz" for arm in ("filter", "ssr_replace", "ssr_fill")),
+)
 # The budget study that study notebook 03 reads: every run's raw metrics, four arms on seeds 16-31.
 BUDGET = "notebooks/study/results/budget/raw"
-BUDGET_FILES = tuple(f"{BUDGET}/{arm}-lr2e-05-seed{seed}.json.gz"
-                     for arm in ("grpo", "dapo", "grpo_matched", "ssr_fresh") for seed in range(16, 32))
-COURSE_FILES = ("grpo_ssr.py", "notebooks/course/course_setup.py", "notebooks/course/checks.py",
-                "notebooks/study/run_study.py", "tests/benchmarks/results/recipe_cpu/summary.json", *STUDY_FILES,
-                *REPLICATION_FILES, *BUDGET_FILES)
+BUDGET_FILES = tuple(
+    f"{BUDGET}/{arm}-lr2e-05-seed{seed}.json.gz"
+    for arm in ("grpo", "dapo", "grpo_matched", "ssr_fresh")
+    for seed in range(16, 32)
+)
+COURSE_FILES = (
+    "grpo_ssr.py",
+    "notebooks/course/course_setup.py",
+    "notebooks/course/checks.py",
+    "notebooks/study/run_study.py",
+    "tests/benchmarks/results/recipe_cpu/summary.json",
+    *STUDY_FILES,
+    *REPLICATION_FILES,
+    *BUDGET_FILES,
+)
 # where the notebooks import from: grpo_ssr, checks and course_setup, run_study
 IMPORT_PATHS = (".", "notebooks/course", "notebooks/study")
 # pip name -> (import name, lowest major.minor); mirrors requirements.txt
-REQUIREMENTS = {"torch": ("torch", (2, 4)), "transformers": ("transformers", (5, 0)), "numpy": ("numpy", (1, 26)),
-                "tqdm": ("tqdm", (4, 66)), "safetensors": ("safetensors", (0, 4)), "matplotlib": ("matplotlib", (3, 8)),
-                "gguf": ("gguf", (0, 10))}  # notebook 06's real model; the preset fetches its wheel with pip itself
+REQUIREMENTS = {
+    "torch": ("torch", (2, 4)),
+    "transformers": ("transformers", (5, 0)),
+    "numpy": ("numpy", (1, 26)),
+    "tqdm": ("tqdm", (4, 66)),
+    "safetensors": ("safetensors", (0, 4)),
+    "matplotlib": ("matplotlib", (3, 8)),
+    "gguf": ("gguf", (0, 10)),
+}  # notebook 06's real model; the preset fetches its wheel with pip itself
 
 
 class SetupError(Exception):
@@ -79,8 +105,10 @@ def fetch(base: str, dest: Path) -> list[str]:
             with urllib.request.urlopen(f"{base.rstrip('/')}/{name}", timeout=60) as response:
                 data = response.read()
         except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors; a malformed URL is a ValueError
-            raise SetupError(f"could not download {name} from {base} ({getattr(e, 'reason', e)}): check the network, "
-                             f"or clone the repository and open the notebooks there") from None
+            raise SetupError(
+                f"could not download {name} from {base} ({getattr(e, 'reason', e)}): check the network, "
+                f"or clone the repository and open the notebooks there"
+            ) from None
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         got.append(name)
@@ -128,12 +156,16 @@ def setup(base: str, here: Path | None = None) -> Path:
     try:
         import grpo_ssr  # noqa: F401
     except Exception as e:
-        raise SetupError(f"import grpo_ssr failed ({type(e).__name__}: {e}); "
-                         f"install the packages of requirements.txt and rerun this cell") from None
+        raise SetupError(
+            f"import grpo_ssr failed ({type(e).__name__}: {e}); "
+            f"install the packages of requirements.txt and rerun this cell"
+        ) from None
     import torch
     import transformers
 
     device, _ = grpo_ssr.pick_device()
-    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
+        f"device {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    )
     return root

@@ -67,8 +67,7 @@ ARMS = {  # name -> GRPOConfig flags; each arm differs from the one it is compar
     "ssr_fill": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_age_decay=0.0),
     "ssr_fill_decay": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_age_decay=2.0),
     "ssr_fill_max_age": dict(replay_buffer_class=SSR, ssr_mode="fill", ssr_max_age=2, ssr_age_decay=0.0),
-    "ssr_replace_stale": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_capacity_scalar=16,
-                              ssr_age_decay=0.0),
+    "ssr_replace_stale": dict(replay_buffer_class=SSR, ssr_mode="replace", ssr_capacity_scalar=16, ssr_age_decay=0.0),
     # The baselines of the replication (README, "The replication"): is replay's gain more than never taking an
     # empty step (grpo_skip_empty), and does it beat generating until the batch has signal (dapo)?
     "grpo_skip_empty": dict(replay_buffer_class="ReplayBuffer", skip_empty_steps=True),
@@ -84,34 +83,86 @@ BASELINE = "grpo"
 REWARD = "reward_len_binary"  # the tiny task's reward
 TASKS = {  # --task -> the GRPOConfig flags every run of it shares, and the study's defaults for it
     # The tiny model on the binary length reward: most groups have zero spread, and a run takes seconds.
-    "tiny": dict(flags=dict(reward_funcs=REWARD, eval_num_generations=8),  # 8 samples a held-out prompt
-                 arms=DEFAULT_ARMS, learning_rates=[1e-3, 3e-4], max_steps=150, eval_steps=25, points_every=50,
-                 greedy=False, out_dir="replay_study"),
+    "tiny": dict(
+        flags=dict(reward_funcs=REWARD, eval_num_generations=8),  # 8 samples a held-out prompt
+        arms=DEFAULT_ARMS,
+        learning_rates=[1e-3, 3e-4],
+        max_steps=150,
+        eval_steps=25,
+        points_every=50,
+        greedy=False,
+        out_dir="replay_study",
+    ),
     # The real model on sums: the README's CPU recipe (tests/benchmarks/recipe_cpu.py) cut to 20 steps, as in notebook
     # 07, with a held-out evaluation every 5 steps, in float32 so that every CPU runs the same arithmetic. About half of
     # its groups have zero spread. A run takes about 6 minutes on one core, so only the baseline and the replay setting
     # we ship are compared, at the recipe's learning rate.
-    "arithmetic": dict(flags=dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
-                                  per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-                                  temperature=0.7, eval_num_generations=2, bf16=False),
-                       arms=["grpo", "ssr_fill_decay"], learning_rates=[2e-5], max_steps=20, eval_steps=5,
-                       points_every=10, greedy=True, out_dir="replay_study_arithmetic"),
+    "arithmetic": dict(
+        flags=dict(
+            model="smollm2-135m-instruct",
+            dataset="arithmetic",
+            reward_funcs="reward_accuracy",
+            per_device_train_batch_size=16,
+            num_generations=8,
+            max_completion_length=8,
+            temperature=0.7,
+            eval_num_generations=2,
+            bf16=False,
+        ),
+        arms=["grpo", "ssr_fill_decay"],
+        learning_rates=[2e-5],
+        max_steps=20,
+        eval_steps=5,
+        points_every=10,
+        greedy=True,
+        out_dir="replay_study_arithmetic",
+    ),
     # The pre-registered replication (README, "The replication"): the same setting on fresh seeds 8-15, arms in
     # order of priority, so that a study stopped early still has whole seeds of the first arms.
-    "replication": dict(flags=dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
-                                   per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-                                   temperature=0.7, eval_num_generations=2, bf16=False),
-                        arms=["grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay", "filter", "ssr_replace",
-                              "ssr_fill"],
-                        learning_rates=[2e-5], max_steps=20, eval_steps=5, points_every=10, greedy=True,
-                        seeds=list(range(8, 16)), out_dir="replication"),
+    "replication": dict(
+        flags=dict(
+            model="smollm2-135m-instruct",
+            dataset="arithmetic",
+            reward_funcs="reward_accuracy",
+            per_device_train_batch_size=16,
+            num_generations=8,
+            max_completion_length=8,
+            temperature=0.7,
+            eval_num_generations=2,
+            bf16=False,
+        ),
+        arms=["grpo", "grpo_skip_empty", "dapo", "ssr_fill_decay", "filter", "ssr_replace", "ssr_fill"],
+        learning_rates=[2e-5],
+        max_steps=20,
+        eval_steps=5,
+        points_every=10,
+        greedy=True,
+        seeds=list(range(8, 16)),
+        out_dir="replication",
+    ),
     # The second pre-registered study (notebooks/study/README.md, "The budget study"): the replication's setting on
     # fresh seeds 16-31; is DAPO's lead filtering or data, and does a fresh replay help?
-    "budget": dict(flags=dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
-                              per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-                              temperature=0.7, eval_num_generations=2, bf16=False),
-                   arms=["grpo", "dapo", "grpo_matched", "ssr_fresh"], learning_rates=[2e-5], max_steps=20,
-                   eval_steps=5, points_every=10, greedy=True, seeds=list(range(16, 32)), out_dir="budget"),
+    "budget": dict(
+        flags=dict(
+            model="smollm2-135m-instruct",
+            dataset="arithmetic",
+            reward_funcs="reward_accuracy",
+            per_device_train_batch_size=16,
+            num_generations=8,
+            max_completion_length=8,
+            temperature=0.7,
+            eval_num_generations=2,
+            bf16=False,
+        ),
+        arms=["grpo", "dapo", "grpo_matched", "ssr_fresh"],
+        learning_rates=[2e-5],
+        max_steps=20,
+        eval_steps=5,
+        points_every=10,
+        greedy=True,
+        seeds=list(range(16, 32)),
+        out_dir="budget",
+    ),
 }
 # The budget study's two pre-registered hypotheses (Holm over both), then its named secondary comparisons (no
 # multiplicity control: reported, not tested as a family).
@@ -119,13 +170,22 @@ HYPOTHESES = [("dapo", "grpo_matched"), ("ssr_fresh", "grpo")]
 SECONDARY = [("dapo", "grpo"), ("grpo_matched", "grpo"), ("ssr_fresh", "dapo")]
 PRIMARY = ("eval_greedy", "auc")  # the replication's primary endpoint: greedy held-out accuracy AUC
 DECISION = ("ssr_fill_decay", ["grpo_skip_empty", "dapo"])  # the replay we ship against the two baselines
-STALENESS = ("clip_ratio", "sample_age", "replay_abs_log_ratio", "frac_zero_adv_trained", "unique_sample_frac",
-             "replay_frac", "frac_reward_zero_std", "buffer_ess")
+STALENESS = (
+    "clip_ratio",
+    "sample_age",
+    "replay_abs_log_ratio",
+    "frac_zero_adv_trained",
+    "unique_sample_frac",
+    "replay_frac",
+    "frac_reward_zero_std",
+    "buffer_ess",
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Running: one process per run, raw data written as it finishes
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def compact(value):
     """Six significant digits: the raw files stay small, and no figure the analysis quotes needs more."""
@@ -143,8 +203,16 @@ def run_name(arm: str, lr: float, seed: int) -> str:
 
 
 def run_config(arm: str, lr: float, seed: int, base: dict, output_dir: str = "") -> grpo_ssr.GRPOConfig:
-    return grpo_ssr.GRPOConfig(**{**base, **ARMS[arm], "learning_rate": lr, "seed": seed, "output_dir": output_dir,
-                                  "overwrite_output_dir": True})
+    return grpo_ssr.GRPOConfig(
+        **{
+            **base,
+            **ARMS[arm],
+            "learning_rate": lr,
+            "seed": seed,
+            "output_dir": output_dir,
+            "overwrite_output_dir": True,
+        }
+    )
 
 
 def recorded_config(cfg: grpo_ssr.GRPOConfig) -> dict:
@@ -192,10 +260,16 @@ def run_one(arm: str, lr: float, seed: int, base: dict, raw_dir: str) -> dict:
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     config = recorded_config(cfg)
-    record = {"arm": arm, "learning_rate": lr, "seed": seed, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-              "config": config,
-              "train": columns([r for r in rows if "eval_reward" not in r]),  # eval lines: see INTERFACES.md
-              "eval": columns([r for r in rows if "eval_reward" in r])}
+    record = {
+        "arm": arm,
+        "learning_rate": lr,
+        "seed": seed,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "config": config,
+        "train": columns([r for r in rows if "eval_reward" not in r]),  # eval lines: see INTERFACES.md
+        "eval": columns([r for r in rows if "eval_reward" in r]),
+    }
     path = Path(raw_dir) / f"{run_name(arm, lr, seed)}.json.gz"
     tmp_path = path.with_name(f".{path.name}.tmp")  # a run stopped mid-write leaves no raw file to resume past
     with gzip.open(tmp_path, "wt") as f:
@@ -227,6 +301,7 @@ def run_all(plan: list[tuple], base: dict, raw_dir: Path, jobs: int) -> None:
 # Analysis: everything below reads only the raw files
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def load_raw(raw_dir: Path) -> list[dict]:
     runs = []
     for path in sorted(raw_dir.glob("*.json.gz")):
@@ -250,8 +325,38 @@ def bootstrap_mean_ci(diffs: np.ndarray, n_boot: int = 10_000, seed: int = 0) ->
 
 
 # Student's t quantile t(0.975, df) for df = 1..30: a 95% interval of a mean over a handful of seeds.
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+T975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
 
 
 def t_interval(diffs: np.ndarray) -> list[float]:
@@ -293,9 +398,14 @@ def paired(values: dict[int, float], baseline: dict[int, float], n_boot: int) ->
     seeds = sorted(set(values) & set(baseline))
     d = np.array([values[s] - baseline[s] for s in seeds], dtype=float)
     ci = bootstrap_mean_ci(d, n_boot)
-    return {"mean": round(float(np.nanmean(d)), 5) if len(d) else None, "ci95": [round(c, 5) for c in ci],
-            "t95": [round(c, 5) for c in t_interval(d)], "p_signflip": round(sign_flip_p(d), 5),
-            "ahead": int((d > 0).sum()), "seeds": len(seeds)}
+    return {
+        "mean": round(float(np.nanmean(d)), 5) if len(d) else None,
+        "ci95": [round(c, 5) for c in ci],
+        "t95": [round(c, 5) for c in t_interval(d)],
+        "p_signflip": round(sign_flip_p(d), 5),
+        "ahead": int((d > 0).sum()),
+        "seeds": len(seeds),
+    }
 
 
 def train_measures(run: dict, points: list[int], window: int) -> dict[str, float]:
@@ -314,8 +424,10 @@ def eval_measures(run: dict, points: list[int], key: str = "eval_reward") -> dic
     steps, values = series(run["eval"], "step"), series(run["eval"], key)
     if len(steps) == 0:
         return {}
-    out = {"auc": float(np.trapezoid(values, steps) / (steps[-1] - steps[0])) if len(steps) > 1 else float(values[0]),
-           "final": float(values[-1])}
+    out = {
+        "auc": float(np.trapezoid(values, steps) / (steps[-1] - steps[0])) if len(steps) > 1 else float(values[0]),
+        "final": float(values[-1]),
+    }
     for p in points:
         if p in steps:
             out[f"step{p}"] = float(values[list(steps).index(p)])
@@ -337,8 +449,12 @@ def cost(run: dict) -> dict[str, float]:
     t = run["train"]
     batches = np.nansum(series(t, "generated")) + np.nansum(series(t, "generation_retries"))
     size = run["config"]["per_device_train_batch_size"] * run["config"]["gradient_accumulation_steps"]
-    return {"completions": float(batches * size), "wall_s": run["wall_s"], "cpu_s": run["cpu_s"],
-            "skipped_steps": float(series(t, "skipped_steps")[-1])}
+    return {
+        "completions": float(batches * size),
+        "wall_s": run["wall_s"],
+        "cpu_s": run["cpu_s"],
+        "skipped_steps": float(series(t, "skipped_steps")[-1]),
+    }
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -362,8 +478,10 @@ def spearman(x: list[float], y: list[float]) -> float:
 
 
 def _rounded(d: dict, digits: int = 5) -> dict:
-    return {k: (round(v, digits) if isinstance(v, float) and np.isfinite(v) else (None if isinstance(v, float) else v))
-            for k, v in d.items()}
+    return {
+        k: (round(v, digits) if isinstance(v, float) and np.isfinite(v) else (None if isinstance(v, float) else v))
+        for k, v in d.items()
+    }
 
 
 def analyse(runs: list[dict], points: list[int], window: int, n_boot: int, greedy: bool = False) -> dict:
@@ -373,8 +491,11 @@ def analyse(runs: list[dict], points: list[int], window: int, n_boot: int, greed
     have_eval = any(len(r["eval"].get("step", [])) for r in runs)
     if not have_eval:
         has_flag = "eval_steps" in {f.name for f in dataclasses.fields(grpo_ssr.GRPOConfig)}
-        notes.append("no eval lines in the metrics: held-out analysis skipped ("
-                     + ("--eval_steps was 0" if has_flag else "this grpo_ssr has no eval_steps yet") + ")")
+        notes.append(
+            "no eval lines in the metrics: held-out analysis skipped ("
+            + ("--eval_steps was 0" if has_flag else "this grpo_ssr has no eval_steps yet")
+            + ")"
+        )
     lrs = sorted({r["learning_rate"] for r in runs}, reverse=True)
     arms = [a for a in ARMS if any(r["arm"] == a for r in runs)]
     out = {"points": points, "window": window, "learning_rates": lrs, "arms": arms, "cells": {}, "notes": notes}
@@ -383,28 +504,41 @@ def analyse(runs: list[dict], points: list[int], window: int, n_boot: int, greed
         measures = {}
         for arm in arms:
             own = {r["seed"]: r for r in runs if r["arm"] == arm and r["learning_rate"] == lr}
-            measures[arm] = {s: {"train": train_measures(r, points, window), "eval": eval_measures(r, points)}
-                             for s, r in own.items()}
+            measures[arm] = {
+                s: {"train": train_measures(r, points, window), "eval": eval_measures(r, points)}
+                for s, r in own.items()
+            }
             if greedy and have_eval:
                 for s, r in own.items():
                     measures[arm][s]["eval_greedy"] = eval_measures(r, points, "eval_greedy_reward")
             st = [staleness(r) for r in own.values()]
             co = [cost(r) for r in own.values()]
-            cell[arm] = {"seeds": sorted(own),
-                         "train": _rounded({k: float(np.nanmean([m["train"][k] for m in measures[arm].values()]))
-                                            for k in next(iter(measures[arm].values()))["train"]}),
-                         "staleness": _rounded({k: float(np.nanmean([s[k] for s in st])) for k in st[0]}),
-                         "cost": _rounded({"completions_per_run": float(np.mean([c["completions"] for c in co])),
-                                           "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
-                                           "wall_s_total": float(np.sum([c["wall_s"] for c in co])),
-                                           "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
-                                           "skipped_steps_per_run": float(np.mean([c["skipped_steps"] for c in co]))})}
+            cell[arm] = {
+                "seeds": sorted(own),
+                "train": _rounded(
+                    {
+                        k: float(np.nanmean([m["train"][k] for m in measures[arm].values()]))
+                        for k in next(iter(measures[arm].values()))["train"]
+                    }
+                ),
+                "staleness": _rounded({k: float(np.nanmean([s[k] for s in st])) for k in st[0]}),
+                "cost": _rounded(
+                    {
+                        "completions_per_run": float(np.mean([c["completions"] for c in co])),
+                        "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
+                        "wall_s_total": float(np.sum([c["wall_s"] for c in co])),
+                        "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
+                        "skipped_steps_per_run": float(np.mean([c["skipped_steps"] for c in co])),
+                    }
+                ),
+            }
             for kind in ("eval", "eval_greedy") if have_eval else ():
                 if kind not in next(iter(measures[arm].values())):
                     continue
                 keys = next(iter(measures[arm].values()))[kind]
-                cell[arm][kind] = _rounded({k: float(np.nanmean([m[kind].get(k, np.nan)
-                                                                 for m in measures[arm].values()])) for k in keys})
+                cell[arm][kind] = _rounded(
+                    {k: float(np.nanmean([m[kind].get(k, np.nan) for m in measures[arm].values()])) for k in keys}
+                )
         if BASELINE in measures:
             base = measures[BASELINE]
             for arm in arms:
@@ -414,8 +548,13 @@ def analyse(runs: list[dict], points: list[int], window: int, n_boot: int, greed
                 for kind in [k for k in kinds if k in next(iter(base.values()))]:
                     keys = next(iter(base.values()))[kind]
                     cell[arm][f"vs_grpo_{kind}"] = {
-                        k: paired({s: m[kind].get(k, np.nan) for s, m in measures[arm].items()},
-                                  {s: m[kind].get(k, np.nan) for s, m in base.items()}, n_boot) for k in keys}
+                        k: paired(
+                            {s: m[kind].get(k, np.nan) for s, m in measures[arm].items()},
+                            {s: m[kind].get(k, np.nan) for s, m in base.items()},
+                            n_boot,
+                        )
+                        for k in keys
+                    }
         out["cells"][f"{lr:g}"] = cell
     out["gain_follows_staleness"] = gain_vs_staleness(out, have_eval)
     return out
@@ -427,11 +566,17 @@ def gain_vs_staleness(summary: dict, have_eval: bool) -> dict:
     for lr, cell in summary["cells"].items():
         for arm, c in cell.items():
             if "vs_grpo_train" in c:
-                rows.append({"arm": arm, "learning_rate": float(lr),
-                             "replay_abs_log_ratio": c["staleness"]["replay_abs_log_ratio"],
-                             "clip_ratio": c["staleness"]["clip_ratio"], "sample_age": c["staleness"]["sample_age"],
-                             "gain_train_auc": c["vs_grpo_train"]["auc"]["mean"],
-                             "gain_eval_auc": c["vs_grpo_eval"]["auc"]["mean"] if have_eval else None})
+                rows.append(
+                    {
+                        "arm": arm,
+                        "learning_rate": float(lr),
+                        "replay_abs_log_ratio": c["staleness"]["replay_abs_log_ratio"],
+                        "clip_ratio": c["staleness"]["clip_ratio"],
+                        "sample_age": c["staleness"]["sample_age"],
+                        "gain_train_auc": c["vs_grpo_train"]["auc"]["mean"],
+                        "gain_eval_auc": c["vs_grpo_eval"]["auc"]["mean"] if have_eval else None,
+                    }
+                )
     out = {"cells": rows}
     for gain in ("gain_train_auc", "gain_eval_auc") if have_eval else ("gain_train_auc",):
         for dist in ("replay_abs_log_ratio", "clip_ratio", "sample_age"):
@@ -463,8 +608,11 @@ def replication_table(runs: list[dict], n_boot: int, planned: Optional[set[int]]
         return eval_measures(run, [], "eval_greedy_reward" if kind_ == "eval_greedy" else "eval_reward")[key_]
 
     def versus(arm, other, kind_=kind, key_=key):
-        return paired({s: measure(r, kind_, key_) for s, r in by_arm[arm].items()},
-                      {s: measure(r, kind_, key_) for s, r in by_arm[other].items()}, n_boot)
+        return paired(
+            {s: measure(r, kind_, key_) for s, r in by_arm[arm].items()},
+            {s: measure(r, kind_, key_) for s, r in by_arm[other].items()},
+            n_boot,
+        )
 
     planned = set(TASKS["replication"]["seeds"]) if planned is None else set(planned)  # an arm short of them: no test
     arms, table = list(by_arm), {}
@@ -472,12 +620,15 @@ def replication_table(runs: list[dict], n_boot: int, planned: Optional[set[int]]
         own = by_arm[arm]
         complete = set(own) == planned and set(by_arm.get(BASELINE, {})) == planned
         co = [cost(r) for r in own.values()]
-        row = {"seeds": sorted(own), "primary": float(np.mean([measure(r, kind, key) for r in own.values()])),
-               "stuck_seeds": sorted(s for s, r in own.items() if stuck(r)),
-               "empty_steps_per_run": float(np.mean([empty_steps(r) for r in own.values()])),
-               "completions_per_run": float(np.mean([c["completions"] for c in co])),
-               "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
-               "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co]))}
+        row = {
+            "seeds": sorted(own),
+            "primary": float(np.mean([measure(r, kind, key) for r in own.values()])),
+            "stuck_seeds": sorted(s for s, r in own.items() if stuck(r)),
+            "empty_steps_per_run": float(np.mean([empty_steps(r) for r in own.values()])),
+            "completions_per_run": float(np.mean([c["completions"] for c in co])),
+            "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
+            "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
+        }
         row["complete"] = complete
         if arm != BASELINE and BASELINE in by_arm and not complete:  # protocol: reported, without a test
             d = versus(arm, BASELINE)
@@ -487,7 +638,8 @@ def replication_table(runs: list[dict], n_boot: int, planned: Optional[set[int]]
             row["vs_grpo_secondary"] = {
                 "sampled_auc": versus(arm, BASELINE, "eval", "auc"),
                 "greedy_final": versus(arm, BASELINE, "eval_greedy", "final"),
-                "sampled_final": versus(arm, BASELINE, "eval", "final")}
+                "sampled_final": versus(arm, BASELINE, "eval", "final"),
+            }
         table[arm] = _rounded(row) | {k: v for k, v in row.items() if isinstance(v, (dict, list))}
     family = {a: table[a]["vs_grpo"]["p_signflip"] for a in arms if "vs_grpo" in table[a]}
     for arm, adjusted in holm(family).items():
@@ -502,42 +654,66 @@ def replication_table(runs: list[dict], n_boot: int, planned: Optional[set[int]]
 
 
 def print_replication(rep: dict) -> None:
-    print(f"replication: primary endpoint {rep['endpoint']}, paired with GRPO by seed (exact sign-flip p, Holm "
-          f"across {len(rep['family'])} arms)")
+    print(
+        f"replication: primary endpoint {rep['endpoint']}, paired with GRPO by seed (exact sign-flip p, Holm "
+        f"across {len(rep['family'])} arms)"
+    )
     for arm, row in rep["arms"].items():
         v, partial = row.get("vs_grpo"), row.get("vs_grpo_incomplete")
-        vs = (f"{v['mean']:+.4f} t95 [{v['t95'][0]:+.4f}, {v['t95'][1]:+.4f}] p {v['p_signflip']:.4f} "
-              f"holm {v['p_holm']:.4f} ahead {v['ahead']}/{v['seeds']}") if v else \
-            (f"{partial['mean']:+.4f} on {partial['seeds']} seed(s): incomplete, no test" if partial else "(baseline)")
-        print(f"  {arm:16s} {row['primary']:.4f}  {vs:62s} stuck {len(row['stuck_seeds'])}/{len(row['seeds'])} "
-              f"empty {row['empty_steps_per_run']:.1f}  completions {row['completions_per_run']:.0f}  "
-              f"wall {row['wall_s_per_run']:.0f}s")
+        vs = (
+            (
+                f"{v['mean']:+.4f} t95 [{v['t95'][0]:+.4f}, {v['t95'][1]:+.4f}] p {v['p_signflip']:.4f} "
+                f"holm {v['p_holm']:.4f} ahead {v['ahead']}/{v['seeds']}"
+            )
+            if v
+            else (
+                f"{partial['mean']:+.4f} on {partial['seeds']} seed(s): incomplete, no test"
+                if partial
+                else "(baseline)"
+            )
+        )
+        print(
+            f"  {arm:16s} {row['primary']:.4f}  {vs:62s} stuck {len(row['stuck_seeds'])}/{len(row['seeds'])} "
+            f"empty {row['empty_steps_per_run']:.1f}  completions {row['completions_per_run']:.0f}  "
+            f"wall {row['wall_s_per_run']:.0f}s"
+        )
     for name, d in rep["decision"].items():
-        print(f"  decision {name}: {d['mean']:+.4f} t95 [{d['t95'][0]:+.4f}, {d['t95'][1]:+.4f}] "
-              f"p {d['p_signflip']:.4f} holm {d['p_holm']:.4f} ahead {d['ahead']}/{d['seeds']}")
+        print(
+            f"  decision {name}: {d['mean']:+.4f} t95 [{d['t95'][0]:+.4f}, {d['t95'][1]:+.4f}] "
+            f"p {d['p_signflip']:.4f} holm {d['p_holm']:.4f} ahead {d['ahead']}/{d['seeds']}"
+        )
 
 
 def replication_markdown(rep: dict) -> str:
     """The protocol's table as Markdown, for the README: `run_study.py --task replication --analyse_only --markdown`."""
-    head = ("| arm | greedy held-out AUC | vs GRPO (t95) | p exact | p Holm | seeds ahead | stuck seeds | steps without "
-            "signal | completions | wall s | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| arm | greedy held-out AUC | vs GRPO (t95) | p exact | p Holm | seeds ahead | stuck seeds | steps without "
+        "signal | completions | wall s | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     rows = [head]
     for arm, row in rep["arms"].items():
         v, partial = row.get("vs_grpo"), row.get("vs_grpo_incomplete")
         if v:
-            vs = (f"{v['mean']:+.3f} [{v['t95'][0]:+.3f}, {v['t95'][1]:+.3f}] | {v['p_signflip']:.3f} | "
-                  f"{v['p_holm']:.3f} | {v['ahead']}/{v['seeds']}")
+            vs = (
+                f"{v['mean']:+.3f} [{v['t95'][0]:+.3f}, {v['t95'][1]:+.3f}] | {v['p_signflip']:.3f} | "
+                f"{v['p_holm']:.3f} | {v['ahead']}/{v['seeds']}"
+            )
         elif partial:
-            vs = f"{partial['mean']:+.3f} ({partial['seeds']} seed(s), incomplete: no test) | - | - | {partial['ahead']}/{partial['seeds']}"
+            vs = f"{partial['mean']:+.3f} ({partial['seeds']} seed(s), incomplete: no test) | - | - | "
+            vs += f"{partial['ahead']}/{partial['seeds']}"
         else:
             vs = "(baseline) | | |"
-        rows.append(f"| `{arm}` | {row['primary']:.3f} | {vs} | {len(row['stuck_seeds'])}/{len(row['seeds'])} | "
-                    f"{row['empty_steps_per_run']:.1f} | {row['completions_per_run']:.0f} | {row['wall_s_per_run']:.0f} | "
-                    f"{row['cpu_s_per_run']:.0f} |")
+        rows.append(
+            f"| `{arm}` | {row['primary']:.3f} | {vs} | {len(row['stuck_seeds'])}/{len(row['seeds'])} | "
+            f"{row['empty_steps_per_run']:.1f} | {row['completions_per_run']:.0f} | {row['wall_s_per_run']:.0f} | "
+            f"{row['cpu_s_per_run']:.0f} |"
+        )
     rows.append("")
     for name, d in rep["decision"].items():
-        rows.append(f"- `{name.replace('_vs_', '` against `')}`: {d['mean']:+.3f} [{d['t95'][0]:+.3f}, {d['t95'][1]:+.3f}], "
-                    f"exact p {d['p_signflip']:.3f}, Holm {d['p_holm']:.3f}, ahead on {d['ahead']} of {d['seeds']} seeds")
+        rows.append(
+            f"- `{name.replace('_vs_', '` against `')}`: {d['mean']:+.3f} [{d['t95'][0]:+.3f}, {d['t95'][1]:+.3f}], "
+            f"exact p {d['p_signflip']:.3f}, Holm {d['p_holm']:.3f}, ahead on {d['ahead']} of {d['seeds']} seeds"
+        )
     return "\n".join(rows)
 
 
@@ -561,24 +737,32 @@ def budget_table(runs: list[dict], n_boot: int, planned: Optional[set[int]] = No
     arms = {}
     for arm, own in by_arm.items():
         co = [cost(r) for r in own.values()]
-        arms[arm] = _rounded({"primary": float(np.mean([measure(r) for r in own.values()])),
-                              "completions_per_run": float(np.mean([c["completions"] for c in co])),
-                              "updates_per_run": float(np.mean([updates(r) for r in own.values()])),
-                              "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
-                              "wall_s_per_run": float(np.mean([c["wall_s"] for c in co]))})
+        arms[arm] = _rounded(
+            {
+                "primary": float(np.mean([measure(r) for r in own.values()])),
+                "completions_per_run": float(np.mean([c["completions"] for c in co])),
+                "updates_per_run": float(np.mean([updates(r) for r in own.values()])),
+                "cpu_s_per_run": float(np.mean([c["cpu_s"] for c in co])),
+                "wall_s_per_run": float(np.mean([c["wall_s"] for c in co])),
+            }
+        )
         arms[arm].update(seeds=sorted(own), stuck_seeds=sorted(s for s, r in own.items() if stuck(r)))
 
     def compare(arm, other):
         if arm not in by_arm or other not in by_arm:
             return None
-        out = paired({s: measure(r) for s, r in by_arm[arm].items()},
-                     {s: measure(r) for s, r in by_arm[other].items()}, n_boot)
+        out = paired(
+            {s: measure(r) for s, r in by_arm[arm].items()}, {s: measure(r) for s, r in by_arm[other].items()}, n_boot
+        )
         out["complete"] = set(by_arm[arm]) >= planned and set(by_arm[other]) >= planned
         if not out["complete"]:  # protocol: reported, without a test
             out = {k: out[k] for k in ("mean", "ahead", "seeds", "complete")}
         else:
-            out["sampled_auc"] = paired({s: measure(r, "eval") for s, r in by_arm[arm].items()},
-                                        {s: measure(r, "eval") for s, r in by_arm[other].items()}, n_boot)
+            out["sampled_auc"] = paired(
+                {s: measure(r, "eval") for s, r in by_arm[arm].items()},
+                {s: measure(r, "eval") for s, r in by_arm[other].items()},
+                n_boot,
+            )
         return out
 
     hypotheses = {f"{a}_vs_{b}": compare(a, b) for a, b in HYPOTHESES}
@@ -586,8 +770,13 @@ def budget_table(runs: list[dict], n_boot: int, planned: Optional[set[int]] = No
     if len(tested) == len(HYPOTHESES):  # Holm over the whole family only
         for name, adjusted in holm(tested).items():
             hypotheses[name]["p_holm"] = round(adjusted, 5)
-    return {"endpoint": f"{kind} {key}", "planned_seeds": sorted(planned), "arms": arms, "hypotheses": hypotheses,
-            "secondary": {f"{a}_vs_{b}": compare(a, b) for a, b in SECONDARY}}
+    return {
+        "endpoint": f"{kind} {key}",
+        "planned_seeds": sorted(planned),
+        "arms": arms,
+        "hypotheses": hypotheses,
+        "secondary": {f"{a}_vs_{b}": compare(a, b) for a, b in SECONDARY},
+    }
 
 
 def budget_markdown(rep: dict) -> str:
@@ -599,16 +788,25 @@ def budget_markdown(rep: dict) -> str:
             if d is None:
                 rows.append(f"| {label} | not run | | | | |")
             elif not d["complete"]:
-                rows.append(f"| {label} | {d['mean']:+.3f} ({d['seeds']} seeds, incomplete: no test) | | | | "
-                            f"{d['ahead']}/{d['seeds']} |")
+                rows.append(
+                    f"| {label} | {d['mean']:+.3f} ({d['seeds']} seeds, incomplete: no test) | | | | "
+                    f"{d['ahead']}/{d['seeds']} |"
+                )
             else:
-                rows.append(f"| {label} | {d['mean']:+.3f} | [{d['t95'][0]:+.3f}, {d['t95'][1]:+.3f}] | "
-                            f"{d['p_signflip']:.4f} | {_fmt(d.get('p_holm'), '.4f')} | {d['ahead']}/{d['seeds']} |")
-    rows += ["", "| arm | greedy held-out AUC | seeds | stuck seeds | completions | updates | CPU s |",
-             "|---|---|---|---|---|---|---|"]
+                rows.append(
+                    f"| {label} | {d['mean']:+.3f} | [{d['t95'][0]:+.3f}, {d['t95'][1]:+.3f}] | "
+                    f"{d['p_signflip']:.4f} | {_fmt(d.get('p_holm'), '.4f')} | {d['ahead']}/{d['seeds']} |"
+                )
+    rows += [
+        "",
+        "| arm | greedy held-out AUC | seeds | stuck seeds | completions | updates | CPU s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm, a in rep["arms"].items():
-        rows.append(f"| `{arm}` | {a['primary']:.3f} | {len(a['seeds'])} | {len(a['stuck_seeds'])} | "
-                    f"{a['completions_per_run']:.0f} | {a['updates_per_run']:.0f} | {a['cpu_s_per_run']:.0f} |")
+        rows.append(
+            f"| `{arm}` | {a['primary']:.3f} | {len(a['seeds'])} | {len(a['stuck_seeds'])} | "
+            f"{a['completions_per_run']:.0f} | {a['updates_per_run']:.0f} | {a['cpu_s_per_run']:.0f} |"
+        )
     return "\n".join(rows)
 
 
@@ -616,6 +814,7 @@ def estimate(runs: list[dict], arms: list[str], lrs: list[float], seeds: int, st
     """Minutes the given plan would take on `jobs` quiet cores. A run is one thread, so on a core of its own its wall
     time is its CPU time: each arm's CPU seconds per step here times `steps`, plus its start-up (CPU time not spent in
     steps, scaled by the CPU share the steps got). Wall time itself counts whatever else the machine was doing."""
+
     def per_run(r):
         step_wall = float(np.nansum(series(r["train"], "step_time")))
         share = r["cpu_s"] / r["wall_s"]  # the share of a core this run got
@@ -638,18 +837,28 @@ def print_summary(summary: dict) -> None:
         print(f"lr {lr}: training reward, paired difference to GRPO (AUC, mean [95% CI], seeds ahead)")
         for arm, c in cell.items():
             d = c.get("vs_grpo_train", {}).get("auc")
-            gain = (f"{_fmt(d['mean'], '+.4f')} [{_fmt(d['ci95'][0], '+.4f')}, {_fmt(d['ci95'][1], '+.4f')}] "
-                    f"{d['ahead']}/{d['seeds']}") if d else "(baseline)"
+            gain = (
+                (
+                    f"{_fmt(d['mean'], '+.4f')} [{_fmt(d['ci95'][0], '+.4f')}, {_fmt(d['ci95'][1], '+.4f')}] "
+                    f"{d['ahead']}/{d['seeds']}"
+                )
+                if d
+                else "(baseline)"
+            )
             st, co = c["staleness"], c["cost"]
-            print(f"  {arm:18s} auc {_fmt(c['train']['auc'], '.4f')}  {gain:38s} "
-                  f"|logr| {_fmt(st['replay_abs_log_ratio'], '.3f')} clip {_fmt(st['clip_ratio'], '.3f')} "
-                  f"age {_fmt(st['sample_age'], '.1f')} completions {co['completions_per_run']:.0f} "
-                  f"wall {co['wall_s_per_run']:.0f}s")
+            print(
+                f"  {arm:18s} auc {_fmt(c['train']['auc'], '.4f')}  {gain:38s} "
+                f"|logr| {_fmt(st['replay_abs_log_ratio'], '.3f')} clip {_fmt(st['clip_ratio'], '.3f')} "
+                f"age {_fmt(st['sample_age'], '.1f')} completions {co['completions_per_run']:.0f} "
+                f"wall {co['wall_s_per_run']:.0f}s"
+            )
             for kind, label in (("eval", "held-out, sampled"), ("eval_greedy", "held-out, greedy")):
                 if f"vs_grpo_{kind}" in c:
                     d = c[f"vs_grpo_{kind}"]["auc"]
-                    print(f"  {'':18s} {label}: auc {_fmt(c[kind]['auc'], '.4f')}  {_fmt(d['mean'], '+.4f')} "
-                          f"[{_fmt(d['ci95'][0], '+.4f')}, {_fmt(d['ci95'][1], '+.4f')}] {d['ahead']}/{d['seeds']}")
+                    print(
+                        f"  {'':18s} {label}: auc {_fmt(c[kind]['auc'], '.4f')}  {_fmt(d['mean'], '+.4f')} "
+                        f"[{_fmt(d['ci95'][0], '+.4f')}, {_fmt(d['ci95'][1], '+.4f')}] {d['ahead']}/{d['seeds']}"
+                    )
     for note in summary["notes"]:
         print("note:", note)
 
@@ -657,6 +866,7 @@ def print_summary(summary: dict) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def parse_overrides(items: list[str]) -> dict:
     """FIELD=VALUE strings -> typed GRPOConfig keyword arguments (the type is taken from the field's default)."""
@@ -680,30 +890,59 @@ def parse_overrides(items: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", default="tiny", choices=list(TASKS), help="tiny: the tiny model on reward_len_binary; "
-                   "arithmetic: SmolLM2-135M-Instruct on sums (the CPU recipe); replication and budget: the "
-                   "pre-registered studies on it. Sets the defaults marked (task)")
+    p.add_argument(
+        "--task",
+        default="tiny",
+        choices=list(TASKS),
+        help="tiny: the tiny model on reward_len_binary; "
+        "arithmetic: SmolLM2-135M-Instruct on sums (the CPU recipe); replication and budget: the "
+        "pre-registered studies on it. Sets the defaults marked (task)",
+    )
     p.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="(task)")
     p.add_argument("--learning_rates", type=float, nargs="+", default=None, help="(task)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="(task) 0-7; 8-15 for replication; 16-31 for budget")
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="(task) 0-7; 8-15 for replication; 16-31 for budget"
+    )
     p.add_argument("--max_steps", type=int, default=None, help="(task)")
-    p.add_argument("--eval_steps", type=int, default=None, help="held-out evaluation every N steps (when grpo_ssr "
-                                                               "has eval_steps); 0 turns it off (task)")
-    p.add_argument("--points", type=int, nargs="*", default=None, help="steps for the paired differences "
-                                                                     "(default: every 50 steps, or 20 for "
-                                                                     "arithmetic, and the last)")
+    p.add_argument(
+        "--eval_steps",
+        type=int,
+        default=None,
+        help="held-out evaluation every N steps (when grpo_ssr has eval_steps); 0 turns it off (task)",
+    )
+    p.add_argument(
+        "--points",
+        type=int,
+        nargs="*",
+        default=None,
+        help="steps for the paired differences (default: every 50 steps, or 20 for arithmetic, and the last)",
+    )
     p.add_argument("--window", type=int, default=10, help="training-reward steps averaged at each point")
     p.add_argument("--bootstrap", type=int, default=10_000, help="bootstrap resamples")
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override GRPOConfig fields in "
-                   "every run, e.g. max_completion_length=32")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override GRPOConfig fields in every run, e.g. max_completion_length=32",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
-    p.add_argument("--out_dir", default=None, help="(task) notebooks/study/results/replay_study, "
-                                                   "replay_study_arithmetic or replication")
+    p.add_argument(
+        "--out_dir",
+        default=None,
+        help="(task) notebooks/study/results/replay_study, replay_study_arithmetic or replication",
+    )
     p.add_argument("--analyse_only", action="store_true", help="skip training; rebuild summary.json from raw/")
-    p.add_argument("--markdown", action="store_true", help="with --task replication, also print the protocol's "
-                   "table as Markdown (the README's)")
-    p.add_argument("--fresh", action="store_true", help="delete raw/ first; by default the study resumes, running "
-                   "only the runs that have no raw file yet")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --task replication, also print the protocol's table as Markdown (the README's)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete raw/ first; by default the study resumes, running only the runs that have no raw file yet",
+    )
     args = p.parse_args(argv)
     task = TASKS[args.task]
     for key in ("arms", "learning_rates", "max_steps", "eval_steps"):
@@ -738,15 +977,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.task == "budget":
         summary["budget"] = budget_table(runs, args.bootstrap)
     first = runs[0]
-    summary["settings"] = {"reward": first["config"]["reward_funcs"], "arm_flags": {a: ARMS[a] for a in summary["arms"]},
-                           "seeds": sorted({r["seed"] for r in runs}), "max_steps": steps, "jobs": args.jobs,
-                           "config": first["config"], "bootstrap": args.bootstrap}
+    summary["settings"] = {
+        "reward": first["config"]["reward_funcs"],
+        "arm_flags": {a: ARMS[a] for a in summary["arms"]},
+        "seeds": sorted({r["seed"] for r in runs}),
+        "max_steps": steps,
+        "jobs": args.jobs,
+        "config": first["config"],
+        "bootstrap": args.bootstrap,
+    }
     if args.task != "tiny":  # the tiny study's summary.json stays byte for byte what it was
         summary["settings"]["task"] = args.task
-    summary["environment"] = {"python": platform.python_version(), "numpy": np.__version__,
-                              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
-    full = dict(arms=task["arms"], lrs=task["learning_rates"], seeds=len(task.get("seeds", range(8))),
-                steps=task["max_steps"], jobs=p.get_default("jobs"))
+    summary["environment"] = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+    }
+    full = dict(
+        arms=task["arms"],
+        lrs=task["learning_rates"],
+        seeds=len(task.get("seeds", range(8))),
+        steps=task["max_steps"],
+        jobs=p.get_default("jobs"),
+    )
     if not args.analyse_only:
         summary["total_wall_s"] = round(time.perf_counter() - started, 1)
         summary["estimate_full_default_min"] = round(estimate(runs, **full), 1)
@@ -762,10 +1015,12 @@ def main(argv: list[str] | None = None) -> int:
     if "budget" in summary:
         print(budget_markdown(summary["budget"]))
     if "estimate_full_default_min" in summary:
-        print(f"took {summary['total_wall_s']:.0f}s; at this pace the full default {args.task} study "
-              f"({len(full['arms'])} arms, learning rates {full['lrs']}, {full['seeds']} seeds, {full['steps']} steps, "
-              f"{full['jobs']} jobs) would take about {summary['estimate_full_default_min']:.0f} minutes on quiet "
-              f"cores (from CPU time)")
+        print(
+            f"took {summary['total_wall_s']:.0f}s; at this pace the full default {args.task} study "
+            f"({len(full['arms'])} arms, learning rates {full['lrs']}, {full['seeds']} seeds, {full['steps']} steps, "
+            f"{full['jobs']} jobs) would take about {summary['estimate_full_default_min']:.0f} minutes on quiet "
+            f"cores (from CPU time)"
+        )
     print(f"wrote {out_dir / 'summary.json'} and {len(runs)} raw runs in {raw_dir}")
     return 0
 

@@ -35,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
 @dataclass
 class RunSpec:
     """Everything one worker process needs; identical for both trainers except `trainer`."""
+
     trainer: str  # "ours" or "trl"
     model_dir: str
     data_path: str
@@ -58,6 +59,7 @@ class RunSpec:
 # Inputs
 # ----------------------------------------------------------------------------------------------------------------------
 
+
 def prepare_inputs(folder: Path, extra_tokens: int = 0, seed: int = 0) -> tuple[str, str, int]:
     """Save the seeded tiny model + tokenizer and the prompts under `folder`. Returns (model_dir, data_path, vocab)."""
     import torch
@@ -75,8 +77,9 @@ def prepare_inputs(folder: Path, extra_tokens: int = 0, seed: int = 0) -> tuple[
     return str(model_dir), str(data_path), len(tokenizer)
 
 
-def prepare_real_inputs(folder: Path, model: str = "smollm2-135m-instruct",
-                        dataset: str = "arithmetic") -> tuple[str, str]:
+def prepare_real_inputs(
+    folder: Path, model: str = "smollm2-135m-instruct", dataset: str = "arithmetic"
+) -> tuple[str, str]:
     """The converted folder of a grpo_ssr model preset and a data set's training rows as a .jsonl file (chat prompts
     and the `answer` column). Returns (model_dir, data_path)."""
     import grpo_ssr
@@ -95,8 +98,11 @@ def make_reward_recorder(log: list, max_completion_length: int = 0, name: str = 
 
     def recorded(completions, **kwargs):
         rewards = func(completions, **kwargs)
-        entry = {"t": time.perf_counter(), "reward": sum(rewards) / len(rewards),
-                 "chars": sum(len(grpo_ssr._text(c)) for c in completions) / len(completions)}
+        entry = {
+            "t": time.perf_counter(),
+            "reward": sum(rewards) / len(rewards),
+            "chars": sum(len(grpo_ssr._text(c)) for c in completions) / len(completions),
+        }
         if kwargs.get("completion_ids") is not None:  # TRL passes the token ids; ours logs lengths in its metrics
             lengths = [len(ids) for ids in kwargs["completion_ids"]]
             entry["tokens"] = sum(lengths) / len(lengths)
@@ -111,6 +117,7 @@ def make_reward_recorder(log: list, max_completion_length: int = 0, name: str = 
 # ----------------------------------------------------------------------------------------------------------------------
 # Workers: each runs in its own process
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def run_ours(spec: RunSpec) -> dict:
     import grpo_ssr
@@ -127,12 +134,27 @@ def run_ours(spec: RunSpec) -> dict:
     kwargs = {} if spec.logits_chunk_size is None else {"logits_chunk_size": spec.logits_chunk_size}
     with tempfile.TemporaryDirectory() as out:
         cfg = grpo_ssr.GRPOConfig(
-            model=spec.model_dir, dataset=spec.data_path, output_dir=out, overwrite_output_dir=True, seed=spec.seed,
-            device="cpu", max_steps=max(1, spec.max_steps), learning_rate=spec.learning_rate,
-            per_device_train_batch_size=spec.batch_size, num_generations=spec.num_generations,
-            max_completion_length=spec.max_completion_length, temperature=spec.temperature, beta=0.0,
-            epsilon=spec.epsilon, loss_type="bnpo", scale_rewards=True,
-            replay_buffer_class=spec.replay_buffer_class, bf16=spec.bf16, eval_steps=0, **kwargs)
+            model=spec.model_dir,
+            dataset=spec.data_path,
+            output_dir=out,
+            overwrite_output_dir=True,
+            seed=spec.seed,
+            device="cpu",
+            max_steps=max(1, spec.max_steps),
+            learning_rate=spec.learning_rate,
+            per_device_train_batch_size=spec.batch_size,
+            num_generations=spec.num_generations,
+            max_completion_length=spec.max_completion_length,
+            temperature=spec.temperature,
+            beta=0.0,
+            epsilon=spec.epsilon,
+            loss_type="bnpo",
+            scale_rewards=True,
+            replay_buffer_class=spec.replay_buffer_class,
+            bf16=spec.bf16,
+            eval_steps=0,
+            **kwargs,
+        )
         t0 = time.perf_counter()
         trainer = TimedTrainer(cfg, reward_funcs=[make_reward_recorder(rewards, name=spec.reward)])
         t_ready = time.perf_counter()
@@ -140,9 +162,14 @@ def run_ours(spec: RunSpec) -> dict:
     for entry, m in zip(rewards, [m for m in history if m.get("generated")]):
         entry["tokens"] = m["completion_length"]
         entry["frac_max_length"] = m["frac_truncated"]  # no EOS within max_completion_length tokens
-    return {"t0": t0, "t_ready": t_ready, "step_ends": step_ends, "rewards": rewards,
-            "grpo_ssr_file": grpo_ssr.__file__,
-            "logits_chunk_size": cfg.logits_chunk_size}
+    return {
+        "t0": t0,
+        "t_ready": t_ready,
+        "step_ends": step_ends,
+        "rewards": rewards,
+        "grpo_ssr_file": grpo_ssr.__file__,
+        "logits_chunk_size": cfg.logits_chunk_size,
+    }
 
 
 def run_trl(spec: RunSpec) -> dict:
@@ -159,32 +186,64 @@ def run_trl(spec: RunSpec) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         settings = dict(
-            output_dir=out, max_steps=max(1, spec.max_steps), learning_rate=spec.learning_rate,
-            per_device_train_batch_size=spec.batch_size, num_generations=spec.num_generations,
-            max_completion_length=spec.max_completion_length, temperature=spec.temperature,
-            top_k=0, top_p=1.0, min_p=None, repetition_penalty=1.0,  # plain temperature sampling, like ours
-            beta=0.0, epsilon=spec.epsilon, loss_type="bnpo", scale_rewards="group", num_iterations=1,
-            use_vllm=False, use_cpu=True, report_to="none", save_strategy="no", seed=spec.seed,
+            output_dir=out,
+            max_steps=max(1, spec.max_steps),
+            learning_rate=spec.learning_rate,
+            per_device_train_batch_size=spec.batch_size,
+            num_generations=spec.num_generations,
+            max_completion_length=spec.max_completion_length,
+            temperature=spec.temperature,
+            top_k=0,
+            top_p=1.0,
+            min_p=None,
+            repetition_penalty=1.0,  # plain temperature sampling, like ours
+            beta=0.0,
+            epsilon=spec.epsilon,
+            loss_type="bnpo",
+            scale_rewards="group",
+            num_iterations=1,
+            use_vllm=False,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            seed=spec.seed,
             # TRL's defaults are bf16 autocast and gradient checkpointing; ours runs fp32 with neither on CPU unless
             # asked, so both get spec.bf16 and the same arithmetic is timed. (Checkpointing only slows TRL down.)
-            bf16=spec.bf16, gradient_checkpointing=False,
-            lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-            logging_steps=10, disable_tqdm=True, dataloader_num_workers=0)
+            bf16=spec.bf16,
+            gradient_checkpointing=False,
+            lr_scheduler_type="linear",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            logging_steps=10,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
         settings.update(spec.trl_overrides)
         args = trl.GRPOConfig(**settings)
         t0 = time.perf_counter()
         dataset = load_dataset("json", data_files=spec.data_path, split="train")
         recorder = make_reward_recorder(rewards, spec.max_completion_length, spec.reward)
-        trainer = trl.GRPOTrainer(model=spec.model_dir, reward_funcs=[recorder], args=args,
-                                  train_dataset=dataset, callbacks=[StepTimer()])
+        trainer = trl.GRPOTrainer(
+            model=spec.model_dir, reward_funcs=[recorder], args=args, train_dataset=dataset, callbacks=[StepTimer()]
+        )
         gen = trainer.generation_config
-        sampling = {k: getattr(gen, k) for k in ("do_sample", "temperature", "top_k", "top_p", "min_p",
-                                                 "repetition_penalty", "max_new_tokens")}
+        sampling = {
+            k: getattr(gen, k)
+            for k in ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")
+        }
         t_ready = time.perf_counter()
         if spec.max_steps > 0:
             trainer.train()
-    return {"t0": t0, "t_ready": t_ready, "step_ends": step_ends, "rewards": rewards, "trl_sampling": sampling,
-            "trl_version": trl.__version__, "trl_settings": {k: v for k, v in settings.items() if k != "output_dir"}}
+    return {
+        "t0": t0,
+        "t_ready": t_ready,
+        "step_ends": step_ends,
+        "rewards": rewards,
+        "trl_sampling": sampling,
+        "trl_version": trl.__version__,
+        "trl_settings": {k: v for k, v in settings.items() if k != "output_dir"},
+    }
 
 
 def worker_main(spec_json: str) -> None:
@@ -199,6 +258,7 @@ def worker_main(spec_json: str) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 # Parent side
 # ----------------------------------------------------------------------------------------------------------------------
+
 
 def launch(spec: RunSpec, env: Optional[dict] = None, quiet: bool = True) -> dict:
     """Run one worker in a fresh interpreter; return its result plus wall time and peak RSS (os.wait4)."""
@@ -226,8 +286,13 @@ def launch(spec: RunSpec, env: Optional[dict] = None, quiet: bool = True) -> dic
     result = json.loads(Path(spec.result_path).read_text())
     # Linux starts a child's ru_maxrss at its parent's resident size (the high-water mark crosses fork and exec), so
     # this parent imports neither torch nor the trainers: it stays far below any worker's peak.
-    result.update(wall_s=wall, peak_rss_mib=usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
-                  cpu_s=child_cpu, other_cpu_s=other_cpu, other_load=other_cpu / wall)
+    result.update(
+        wall_s=wall,
+        peak_rss_mib=usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
+        cpu_s=child_cpu,
+        other_cpu_s=other_cpu,
+        other_load=other_cpu / wall,
+    )
     return result
 
 
@@ -247,8 +312,9 @@ def wait_for_quiet(threshold: float = 0.2, sample_s: float = 2.0, max_wait_s: fl
         waited += 10.0 + sample_s
 
 
-def launch_quiet(spec: RunSpec, env: Optional[dict] = None, quiet: bool = True, retries: int = 2,
-                 busy: float = 0.1) -> dict:
+def launch_quiet(
+    spec: RunSpec, env: Optional[dict] = None, quiet: bool = True, retries: int = 2, busy: float = 0.1
+) -> dict:
     """launch() after wait_for_quiet(); rerun (up to `retries` times) a run that other processes disturbed by
     more than `busy` cores on average. The result says how many attempts it took."""
     for attempt in range(retries + 1):
@@ -256,8 +322,11 @@ def launch_quiet(spec: RunSpec, env: Optional[dict] = None, quiet: bool = True, 
         result = launch(spec, env=env, quiet=quiet)
         if result["other_load"] <= busy:
             break
-        print(f"  ({spec.trainer}: other processes took {result['other_load']:.2f} cores during the run; "
-              f"{'rerunning' if attempt < retries else 'keeping it, flagged'})", flush=True)
+        print(
+            f"  ({spec.trainer}: other processes took {result['other_load']:.2f} cores during the run; "
+            f"{'rerunning' if attempt < retries else 'keeping it, flagged'})",
+            flush=True,
+        )
     result["attempts"] = attempt + 1
     return result
 

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as h  # noqa: E402  (puts the repository root on sys.path)
 from recipe_cpu import RECIPE  # noqa: E402
 
+import _harness as h  # noqa: E402  (puts the repository root on sys.path)
 import grpo_ssr  # noqa: E402
 
 
@@ -57,15 +57,25 @@ def main(argv=None) -> int:
     for repeat in range(args.repeats):  # alternate, so that a drift in machine load hits both modes
         for mode in ("float32", "bf16"):
             times[mode] += step_times(mode == "bf16", args.steps, seed=repeat)
-            print(f"repeat {repeat} {mode}: {times[mode][-args.steps:]}", flush=True)
+            print(f"repeat {repeat} {mode}: {times[mode][-args.steps :]}", flush=True)
     median = {mode: statistics.median(t) for mode, t in times.items()}
-    result = {"date": h.today(), "machine": h.machine(), "versions": h.versions(), "threads": args.threads,
-              "cpu_has_bf16": grpo_ssr.cpu_has_bf16(), "settings": {**RECIPE, "eval_steps": 0},
-              "step_time_s": times, "median_s": median, "bf16_over_float32": median["bf16"] / median["float32"]}
+    result = {
+        "date": h.today(),
+        "machine": h.machine(),
+        "versions": h.versions(),
+        "threads": args.threads,
+        "cpu_has_bf16": grpo_ssr.cpu_has_bf16(),
+        "settings": {**RECIPE, "eval_steps": 0},
+        "step_time_s": times,
+        "median_s": median,
+        "bf16_over_float32": median["bf16"] / median["float32"],
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"cpu_has_bf16 {result['cpu_has_bf16']}: median s/step float32 {median['float32']:.2f}, "
-          f"bf16 {median['bf16']:.2f} (x{result['bf16_over_float32']:.2f}); wrote {args.out}")
+    print(
+        f"cpu_has_bf16 {result['cpu_has_bf16']}: median s/step float32 {median['float32']:.2f}, "
+        f"bf16 {median['bf16']:.2f} (x{result['bf16_over_float32']:.2f}); wrote {args.out}"
+    )
     return 0
 
 

@@ -55,7 +55,7 @@ class NaiveBuffer:
             if self.weighted and adv == 0.0:
                 continue
             self.items.append(s)
-            self.priorities.append(adv ** self.alpha)
+            self.priorities.append(adv**self.alpha)
             if len(self.items) > self.capacity:
                 self.items.pop(0)  # O(size): shifts every pointer down by one
                 self.priorities.pop(0)
@@ -67,7 +67,7 @@ class NaiveBuffer:
         out = []
         for _ in range(n):
             r, acc = self.rng.random() * total, 0.0
-            for item, p in zip(self.items, self.priorities):
+            for item, p in zip(self.items, self.priorities):  # noqa: B007 (item is returned below)
                 acc += p
                 if acc >= r:
                     break
@@ -78,13 +78,17 @@ class NaiveBuffer:
 def make_samples(count: int, seed: int = 0) -> list[dict]:
     """Realistic single samples: 40-token prompt, 64-token completion, a non-zero advantage."""
     g = torch.Generator().manual_seed(seed)
-    batch = {"prompt_ids": torch.randint(0, 256, (count, 40), generator=g),
-             "prompt_mask": torch.ones(count, 40, dtype=torch.long),
-             "completion_ids": torch.randint(0, 256, (count, 64), generator=g),
-             "completion_mask": torch.ones(count, 64, dtype=torch.long),
-             "advantages": torch.rand(count, generator=g) + 0.1,
-             "old_per_token_logps": torch.randn(count, 64, generator=g), "ref_per_token_logps": None,
-             "uid": list(range(count)), "step": [0] * count}
+    batch = {
+        "prompt_ids": torch.randint(0, 256, (count, 40), generator=g),
+        "prompt_mask": torch.ones(count, 40, dtype=torch.long),
+        "completion_ids": torch.randint(0, 256, (count, 64), generator=g),
+        "completion_mask": torch.ones(count, 64, dtype=torch.long),
+        "advantages": torch.rand(count, generator=g) + 0.1,
+        "old_per_token_logps": torch.randn(count, 64, generator=g),
+        "ref_per_token_logps": None,
+        "uid": list(range(count)),
+        "step": [0] * count,
+    }
     return grpo_ssr.split_tensor_dict(batch)
 
 
@@ -171,8 +175,14 @@ def main() -> int:
     ns = [int(n) for n in args.ns.split(",")]
     torch.set_num_threads(1)  # buffer code is single-threaded; keep torch from spinning up a pool for tiny ops
     pool = make_samples(4096)
-    results = {"date": h.today(), "machine": h.machine(), "versions": h.versions(), "args": vars(args),
-               "add": {}, "sample": []}
+    results = {
+        "date": h.today(),
+        "machine": h.machine(),
+        "versions": h.versions(),
+        "args": vars(args),
+        "add": {},
+        "sample": [],
+    }
     print(f"capacity {args.capacity:,}; median of {args.repeats} timings per cell; {h.machine()}\n", flush=True)
 
     print("add one sample (amortised over {:,} calls of add([sample]))".format(args.adds))
@@ -183,17 +193,22 @@ def main() -> int:
         results["add"][name] = r
         print(f"| {name:16s} | {fmt(r['near empty']):>11s} | {fmt(r['full']):>13s} |", flush=True)
 
-    print("\nsample(n): seconds per call (\"after add\": the draw's share when each draw follows an add)")
-    print(f"| {'implementation':16s} | {'size':>6s} | {'n':>4s} | {'repeat':>11s} | {'after add':>11s} |"
-          f" {'per sample':>11s} |")
+    print('\nsample(n): seconds per call ("after add": the draw\'s share when each draw follows an add)')
+    print(
+        f"| {'implementation':16s} | {'size':>6s} | {'n':>4s} | {'repeat':>11s} | {'after add':>11s} |"
+        f" {'per sample':>11s} |"
+    )
     print(f"|{'-' * 18}|{'-' * 8}|{'-' * 6}|{'-' * 13}|{'-' * 13}|{'-' * 13}|")
     for size in sizes:
         for n in ns:
             for name in IMPLS:
                 r = bench_sample(name, args.capacity, size, n, pool, args.repeats, args.budget)
                 results["sample"].append({"impl": name, "size": size, "n": n, **r})
-                print(f"| {name:16s} | {size:>6,} | {n:>4} | {fmt(r['repeat']):>11s} | {fmt(r['after add']):>11s} |"
-                      f" {fmt(r['repeat'] / n):>11s} |", flush=True)
+                print(
+                    f"| {name:16s} | {size:>6,} | {n:>4} | {fmt(r['repeat']):>11s} | {fmt(r['after add']):>11s} |"
+                    f" {fmt(r['repeat'] / n):>11s} |",
+                    flush=True,
+                )
         print(f"|{'':18s}|{'':8s}|{'':6s}|{'':13s}|{'':13s}|{'':13s}|")
 
     out = Path(args.out or f"/tmp/grpo_ssr_bench/buffer-{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -44,8 +44,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max_completion_length", type=int, default=256)
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per run")
     p.add_argument("--chunks", default="256,512,1024,2048,4096", help="grpo_ssr --logits_chunk_size values to sweep")
-    p.add_argument("--default_chunk", type=int, default=None,
-                   help="the chunk size compared with TRL (default: grpo_ssr's own default)")
+    p.add_argument(
+        "--default_chunk",
+        type=int,
+        default=None,
+        help="the chunk size compared with TRL (default: grpo_ssr's own default)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration; medians are quoted")
     p.add_argument("--ssr", action="store_true", help="also run ours with the SSR buffer (adds the old-logps pass)")
     p.add_argument("--candidate", default=None, metavar="DIR", help="also measure the grpo_ssr.py in DIR")
@@ -64,8 +68,14 @@ def main() -> int:
     env = dict(kv.split("=", 1) for kv in args.env)
     out = Path(args.out or f"/tmp/grpo_ssr_bench/memory-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    info = {"date": h.today(), "machine": h.machine(), "versions": h.versions(), "args": vars(args),
-            "default_chunk": default_chunk, "grpo_ssr_file": grpo_ssr.__file__}
+    info = {
+        "date": h.today(),
+        "machine": h.machine(),
+        "versions": h.versions(),
+        "args": vars(args),
+        "default_chunk": default_chunk,
+        "grpo_ssr_file": grpo_ssr.__file__,
+    }
     print(f"machine: {info['machine']}  versions: {info['versions']}  env: {env or 'inherited'}", flush=True)
 
     # (label, trainer, chunk, buffer, extra env, steps)
@@ -79,8 +89,16 @@ def main() -> int:
     if args.ssr:
         plan.append((f"ours SSR chunk {default_chunk}", "ours", default_chunk, "SSRReplayBuffer", {}, args.steps))
     if args.candidate:
-        plan.append((f"candidate chunk {default_chunk}", "ours", default_chunk, "ReplayBuffer",
-                     {"PYTHONPATH": args.candidate}, args.steps))
+        plan.append(
+            (
+                f"candidate chunk {default_chunk}",
+                "ours",
+                default_chunk,
+                "ReplayBuffer",
+                {"PYTHONPATH": args.candidate},
+                args.steps,
+            )
+        )
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_memory-") as tmp:
@@ -88,24 +106,46 @@ def main() -> int:
         print(f"vocabulary {vocab:,}; {args.steps} steps of 16 completions of <= {args.max_completion_length} tokens")
         for r in range(args.repeats):
             for label, trainer, chunk, buffer, extra_env, steps in plan:
-                spec = h.RunSpec(trainer=trainer, model_dir=model_dir, data_path=data_path,
-                                 result_path=f"{tmp}/run.json", max_steps=steps, seed=r,
-                                 max_completion_length=args.max_completion_length, replay_buffer_class=buffer,
-                                 logits_chunk_size=chunk)
+                spec = h.RunSpec(
+                    trainer=trainer,
+                    model_dir=model_dir,
+                    data_path=data_path,
+                    result_path=f"{tmp}/run.json",
+                    max_steps=steps,
+                    seed=r,
+                    max_completion_length=args.max_completion_length,
+                    replay_buffer_class=buffer,
+                    logits_chunk_size=chunk,
+                )
                 raw = h.launch(spec, env={**env, **extra_env})
                 rw = raw["rewards"]
-                row = {"label": label, "repeat": r, "peak_rss_mib": raw["peak_rss_mib"], "wall_s": raw["wall_s"],
-                       "tokens": statistics.fmean(x["tokens"] for x in rw) if rw else None,
-                       "frac_max_length": statistics.fmean(x["frac_max_length"] for x in rw) if rw else None,
-                       "s_per_step": (raw["step_ends"][-1] - raw["t_ready"]) / len(raw["step_ends"])
-                       if raw["step_ends"] else None,
-                       "other_load": raw["other_load"], "raw": raw}
+                row = {
+                    "label": label,
+                    "repeat": r,
+                    "peak_rss_mib": raw["peak_rss_mib"],
+                    "wall_s": raw["wall_s"],
+                    "tokens": statistics.fmean(x["tokens"] for x in rw) if rw else None,
+                    "frac_max_length": statistics.fmean(x["frac_max_length"] for x in rw) if rw else None,
+                    "s_per_step": (raw["step_ends"][-1] - raw["t_ready"]) / len(raw["step_ends"])
+                    if raw["step_ends"]
+                    else None,
+                    "other_load": raw["other_load"],
+                    "raw": raw,
+                }
                 runs.append(row)
-                extra = "" if not rw else (f", tokens/completion {row['tokens']:.1f}, "
-                                           f"{100 * row['frac_max_length']:.0f}% at the maximum, "
-                                           f"{row['s_per_step']:.1f} s/step incl. first")
-                print(f"  {label:24s} peak RSS {row['peak_rss_mib']:7.0f} MiB  (wall {row['wall_s']:.0f} s{extra})",
-                      flush=True)
+                extra = (
+                    ""
+                    if not rw
+                    else (
+                        f", tokens/completion {row['tokens']:.1f}, "
+                        f"{100 * row['frac_max_length']:.0f}% at the maximum, "
+                        f"{row['s_per_step']:.1f} s/step incl. first"
+                    )
+                )
+                print(
+                    f"  {label:24s} peak RSS {row['peak_rss_mib']:7.0f} MiB  (wall {row['wall_s']:.0f} s{extra})",
+                    flush=True,
+                )
 
     def med(label):
         vals = [x["peak_rss_mib"] for x in runs if x["label"] == label]
@@ -114,9 +154,14 @@ def main() -> int:
     trl_peak = med("TRL")
     ours_peak = med(f"ours chunk {default_chunk}")
     table = [(label, med(label)) for label in dict.fromkeys(x["label"] for x in runs)]
-    summary = {"trl_peak_mib": trl_peak, "ours_peak_mib": ours_peak, "ratio": ours_peak / trl_peak,
-               "target_ratio": 0.35, "peaks": dict(table),
-               "best_chunk": min(chunks, key=lambda c: med(f"ours chunk {c}"))}
+    summary = {
+        "trl_peak_mib": trl_peak,
+        "ours_peak_mib": ours_peak,
+        "ratio": ours_peak / trl_peak,
+        "target_ratio": 0.35,
+        "peaks": dict(table),
+        "best_chunk": min(chunks, key=lambda c: med(f"ours chunk {c}")),
+    }
     out.write_text(json.dumps({**info, "summary": summary, "runs": runs}, indent=1))
 
     print(f"\npeak resident memory, median of {args.repeats} run(s) each:")
@@ -125,14 +170,18 @@ def main() -> int:
     for label, peak in table:
         print(f"| {label} | {peak:.0f} | {peak / trl_peak:.2f} |")
     verdict = "met" if summary["ratio"] <= 0.35 else "MISSED"
-    print(f"\nours (chunk {default_chunk}) / TRL = {summary['ratio']:.2f} (target <= 0.35: {verdict}); lowest peak at "
-          f"chunk {summary['best_chunk']}")
+    print(
+        f"\nours (chunk {default_chunk}) / TRL = {summary['ratio']:.2f} (target <= 0.35: {verdict}); lowest peak at "
+        f"chunk {summary['best_chunk']}"
+    )
     print(f"raw results: {out}\n")
     m = info["machine"]
     print("| command | date | machine | ours peak (GiB) | TRL 1.16 peak (GiB) | ours / TRL |")
     print("|---|---|---|---|---|---|")
-    print(f"| `python tests/benchmarks/bench_memory.py` | {info['date']} | {m['nproc']} cores, {m['cpu']}, "
-          f"{m['mem_gib']} GiB | {ours_peak / 1024:.2f} | {trl_peak / 1024:.2f} | {summary['ratio']:.2f} |")
+    print(
+        f"| `python tests/benchmarks/bench_memory.py` | {info['date']} | {m['nproc']} cores, {m['cpu']}, "
+        f"{m['mem_gib']} GiB | {ours_peak / 1024:.2f} | {trl_peak / 1024:.2f} | {summary['ratio']:.2f} |"
+    )
     return 0
 
 

@@ -42,26 +42,51 @@ def main(argv=None) -> int:
         results = {"ours": [], "trl": []}
         for r in range(args.repeats):
             for trainer in ("ours", "trl"):
-                spec = h.RunSpec(trainer=trainer, model_dir=model_dir, data_path=data_path,
-                                 result_path=str(Path(tmp) / f"{trainer}-{r}.json"), max_steps=3 * args.n,
-                                 learning_rate=2e-5, batch_size=16, num_generations=8, max_completion_length=8,
-                                 temperature=0.7, seed=r, reward="reward_accuracy", bf16=not args.no_bf16)
+                spec = h.RunSpec(
+                    trainer=trainer,
+                    model_dir=model_dir,
+                    data_path=data_path,
+                    result_path=str(Path(tmp) / f"{trainer}-{r}.json"),
+                    max_steps=3 * args.n,
+                    learning_rate=2e-5,
+                    batch_size=16,
+                    num_generations=8,
+                    max_completion_length=8,
+                    temperature=0.7,
+                    seed=r,
+                    reward="reward_accuracy",
+                    bf16=not args.no_bf16,
+                )
                 res = h.launch_quiet(spec) if args.wait else h.launch(spec)
                 res["s_per_step"] = h.steady_seconds_per_step(res["step_ends"], args.n)
                 results[trainer].append(res)
-                print(f"repeat {r} {trainer:4s}: {res['s_per_step']:.2f} s/step, peak RSS "
-                      f"{res['peak_rss_mib'] / 1024:.2f} GiB, other processes {res['other_load']:.2f} cores",
-                      flush=True)
+                print(
+                    f"repeat {r} {trainer:4s}: {res['s_per_step']:.2f} s/step, peak RSS "
+                    f"{res['peak_rss_mib'] / 1024:.2f} GiB, other processes {res['other_load']:.2f} cores",
+                    flush=True,
+                )
     med = {t: h.median([x["s_per_step"] for x in v]) for t, v in results.items()}
     mem = {t: h.median([x["peak_rss_mib"] for x in v]) / 1024 for t, v in results.items()}
-    print(f"median s/step: ours {med['ours']:.2f}, TRL {med['trl']:.2f}, ratio {med['ours'] / med['trl']:.2f}; "
-          f"peak RSS: ours {mem['ours']:.2f} GiB, TRL {mem['trl']:.2f} GiB, ratio {mem['ours'] / mem['trl']:.2f}")
+    print(
+        f"median s/step: ours {med['ours']:.2f}, TRL {med['trl']:.2f}, ratio {med['ours'] / med['trl']:.2f}; "
+        f"peak RSS: ours {mem['ours']:.2f} GiB, TRL {mem['trl']:.2f} GiB, ratio {mem['ours'] / mem['trl']:.2f}"
+    )
     if args.out:
         keep = ("s_per_step", "peak_rss_mib", "wall_s", "other_load", "spec", "torch_threads", "trl_sampling")
-        Path(args.out).write_text(json.dumps({
-            "date": h.today(), "machine": h.machine(), "versions": h.versions(), "median_s_per_step": med,
-            "median_peak_rss_gib": mem, "runs": {t: [{k: x.get(k) for k in keep} for x in v]
-                                                 for t, v in results.items()}}, indent=1) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "date": h.today(),
+                    "machine": h.machine(),
+                    "versions": h.versions(),
+                    "median_s_per_step": med,
+                    "median_peak_rss_gib": mem,
+                    "runs": {t: [{k: x.get(k) for k in keep} for x in v] for t, v in results.items()},
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

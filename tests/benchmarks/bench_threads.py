@@ -8,7 +8,8 @@
 `--recipe tiny` runs `python grpo_ssr.py` with its defaults (the tiny model, 16 completions of at most 64 tokens).
 `--recipe real` runs the README's real-model quick start (SmolLM2-135M-Instruct on sums, 8 new tokens), with `--bf16`
 unless `--precision float32`; its model must be in the preset cache (run the quick start once). Either way only
-`--max_steps`, `--eval_steps 0` and `--num_threads` are added, and each run is a fresh process. "busy" starts one `while True: pass` Python
+`--max_steps`, `--eval_steps 0` and `--num_threads` are added, and each run is a fresh process. "busy" starts one
+`while True: pass` Python
 process beside it for the run's whole length, as another job on a shared machine would be. The runs alternate
 (1 thread, 2 threads; quiet, busy) so that a drift in the machine's load hits every cell alike. A cell's number is
 the median over its runs of each run's median `step_time` (metrics.jsonl), the first step left out as a warm-up;
@@ -37,9 +38,23 @@ import _harness as h  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
-RECIPES = {"tiny": [],
-           "real": ["--model", "smollm2-135m-instruct", "--dataset", "arithmetic", "--reward_funcs", "reward_accuracy",
-                    "--learning_rate", "2e-5", "--max_completion_length", "8", "--temperature", "0.7"]}
+RECIPES = {
+    "tiny": [],
+    "real": [
+        "--model",
+        "smollm2-135m-instruct",
+        "--dataset",
+        "arithmetic",
+        "--reward_funcs",
+        "reward_accuracy",
+        "--learning_rate",
+        "2e-5",
+        "--max_completion_length",
+        "8",
+        "--temperature",
+        "0.7",
+    ],
+}
 
 
 def one_run(threads: int, steps: int, busy: bool, recipe: list[str]) -> dict:
@@ -50,9 +65,24 @@ def one_run(threads: int, steps: int, busy: bool, recipe: list[str]) -> dict:
             env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
             env.pop("OMP_NUM_THREADS", None)  # --num_threads alone decides
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, str(ROOT / "grpo_ssr.py"), *recipe, "--max_steps", str(steps),
-                                   "--eval_steps", "0", "--num_threads", str(threads), "--output_dir", out],
-                                  capture_output=True, text=True, env=env)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "grpo_ssr.py"),
+                    *recipe,
+                    "--max_steps",
+                    str(steps),
+                    "--eval_steps",
+                    "0",
+                    "--num_threads",
+                    str(threads),
+                    "--output_dir",
+                    out,
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             wall = time.perf_counter() - start
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr[-2000:])
@@ -63,9 +93,15 @@ def one_run(threads: int, steps: int, busy: bool, recipe: list[str]) -> dict:
             competitor.kill()
             competitor.wait()
     times = [r["step_time"] for r in rows if "step_time" in r][1:]
-    return {"threads": threads, "recorded_threads": record["num_threads"], "precision": record["precision"],
-            "busy": busy, "median_step_s": statistics.median(times),
-            "wall_s": wall, "load_before": load}
+    return {
+        "threads": threads,
+        "recorded_threads": record["num_threads"],
+        "precision": record["precision"],
+        "busy": busy,
+        "median_step_s": statistics.median(times),
+        "wall_s": wall,
+        "load_before": load,
+    }
 
 
 def main(argv=None) -> int:
@@ -73,8 +109,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--recipe", choices=sorted(RECIPES), default="tiny")
-    p.add_argument("--precision", choices=["bf16", "float32"], default="bf16",
-                   help="--recipe real only: bf16 passes --bf16 (float32 where the CPU lacks bf16 instructions)")
+    p.add_argument(
+        "--precision",
+        choices=["bf16", "float32"],
+        default="bf16",
+        help="--recipe real only: bf16 passes --bf16 (float32 where the CPU lacks bf16 instructions)",
+    )
     p.add_argument("--out", help="default: results/threads.json (tiny), threads_real_<precision>.json (real)")
     p.add_argument("--note", default="", help="What else the machine was doing, recorded with the numbers.")
     args = p.parse_args(argv)
@@ -84,7 +124,7 @@ def main(argv=None) -> int:
     runs = []
     for repeat in range(args.repeats):
         for busy in (False, True):
-            for threads in ((1, 2) if repeat % 2 == 0 else (2, 1)):
+            for threads in (1, 2) if repeat % 2 == 0 else (2, 1):
                 run = {"repeat": repeat, **one_run(threads, args.steps, busy, recipe)}
                 runs.append(run)
                 print(json.dumps(run), flush=True)
@@ -95,13 +135,20 @@ def main(argv=None) -> int:
             table[f"{'busy' if busy else 'quiet'}, {threads} thread{'s' if threads > 1 else ''}"] = {
                 "median_step_s": statistics.median(r["median_step_s"] for r in cell),
                 "median_wall_s": statistics.median(r["wall_s"] for r in cell),
-                "load_before": [round(r["load_before"], 2) for r in cell]}
-    result = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-              "recipe": ["grpo_ssr.py", *recipe], "steps": args.steps, "repeats": args.repeats,
-              "cpus": os.cpu_count(),
-              "machine": h.machine(), "date": time.strftime("%Y-%m-%d"),
-              "note": args.note,
-              "table": table, "runs": runs}
+                "load_before": [round(r["load_before"], 2) for r in cell],
+            }
+    result = {
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "recipe": ["grpo_ssr.py", *recipe],
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "machine": h.machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "note": args.note,
+        "table": table,
+        "runs": runs,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     width = max(map(len, table))

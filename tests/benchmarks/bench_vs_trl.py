@@ -63,8 +63,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max_completion_length", type=int, default=64)
     p.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r for both trainers")
     p.add_argument("--out", default=None, help="raw results as JSON (default /tmp/grpo_ssr_bench/vs_trl-TIME.json)")
-    p.add_argument("--candidate", default=None, metavar="DIR",
-                   help="also time the grpo_ssr.py in DIR (e.g. a patched copy), in the same rounds, as 'candidate'")
+    p.add_argument(
+        "--candidate",
+        default=None,
+        metavar="DIR",
+        help="also time the grpo_ssr.py in DIR (e.g. a patched copy), in the same rounds, as 'candidate'",
+    )
     p.add_argument("--retries", type=int, default=2, help="reruns of a run other processes disturbed")
     p.add_argument("--verbose", action="store_true", help="show the workers' stdout")
     return p.parse_args()
@@ -72,14 +76,16 @@ def parse() -> argparse.Namespace:
 
 def summarise(result: dict, n: int, reward_last: int) -> dict:
     ends, rewards = result["step_ends"], result["rewards"]
-    window = [r["tokens"] for r in rewards[n:3 * n] if "tokens" in r]
+    window = [r["tokens"] for r in rewards[n : 3 * n] if "tokens" in r]
     return {
         "s_per_step": h.steady_seconds_per_step(ends, n),
         "reward_first": statistics.fmean(r["reward"] for r in rewards[:reward_last]),
         "reward_last": statistics.fmean(r["reward"] for r in rewards[-reward_last:]),
         "tokens_timed_window": statistics.fmean(window) if window else None,
         "tokens_last": statistics.fmean(r["tokens"] for r in rewards[-reward_last:]),
-        "wall_s": result["wall_s"], "peak_rss_mib": result["peak_rss_mib"], "other_load": result["other_load"],
+        "wall_s": result["wall_s"],
+        "peak_rss_mib": result["peak_rss_mib"],
+        "other_load": result["other_load"],
     }
 
 
@@ -96,17 +102,26 @@ def main() -> int:
         model_dir, data_path, vocab = h.prepare_inputs(Path(tmp))
         for r in range(args.repeats):
             for trainer in contenders:
-                spec = h.RunSpec(trainer="trl" if trainer == "trl" else "ours", model_dir=model_dir,
-                                 data_path=data_path, result_path=f"{tmp}/{trainer}-{r}.json", max_steps=steps,
-                                 seed=args.seed + r, max_completion_length=args.max_completion_length)
+                spec = h.RunSpec(
+                    trainer="trl" if trainer == "trl" else "ours",
+                    model_dir=model_dir,
+                    data_path=data_path,
+                    result_path=f"{tmp}/{trainer}-{r}.json",
+                    max_steps=steps,
+                    seed=args.seed + r,
+                    max_completion_length=args.max_completion_length,
+                )
                 env = {"PYTHONPATH": args.candidate} if trainer == "candidate" else None
                 raw = h.launch_quiet(spec, env=env, quiet=not args.verbose, retries=args.retries)
                 s = summarise(raw, args.n, args.reward_last)
                 flag = "  <-- machine busy, rerun" if s["other_load"] > 0.1 else ""
-                print(f"repeat {r} {trainer:9s}: {s['s_per_step']:.4f} s/step, reward {s['reward_first']:6.1f} -> "
-                      f"{s['reward_last']:6.1f}, tokens {s['tokens_timed_window']:.1f} (timed) -> "
-                      f"{s['tokens_last']:.1f}, wall {s['wall_s']:.0f} s, peak RSS {s['peak_rss_mib']:.0f} MiB, "
-                      f"other load {s['other_load']:.2f} cores{flag}", flush=True)
+                print(
+                    f"repeat {r} {trainer:9s}: {s['s_per_step']:.4f} s/step, reward {s['reward_first']:6.1f} -> "
+                    f"{s['reward_last']:6.1f}, tokens {s['tokens_timed_window']:.1f} (timed) -> "
+                    f"{s['tokens_last']:.1f}, wall {s['wall_s']:.0f} s, peak RSS {s['peak_rss_mib']:.0f} MiB, "
+                    f"other load {s['other_load']:.2f} cores{flag}",
+                    flush=True,
+                )
                 runs.append({"repeat": r, "trainer": trainer, "summary": s, "raw": raw})
 
     def med(trainer, key):
@@ -114,35 +129,55 @@ def main() -> int:
 
     ours, trl = med("ours", "s_per_step"), med("trl", "s_per_step")
     ratio = ours / trl
-    summary = {"ours_s_per_step": ours, "trl_s_per_step": trl, "ratio": ratio, "target_ratio": 0.8,
-               "ours_reward_last": med("ours", "reward_last"), "trl_reward_last": med("trl", "reward_last"),
-               "ours_reward_first": med("ours", "reward_first"), "trl_reward_first": med("trl", "reward_first"),
-               "ours_peak_rss_mib": med("ours", "peak_rss_mib"), "trl_peak_rss_mib": med("trl", "peak_rss_mib"),
-               "trl_sampling": runs[1]["raw"].get("trl_sampling"),
-               "busy_runs": sum(x["summary"]["other_load"] > 0.1 for x in runs)}
+    summary = {
+        "ours_s_per_step": ours,
+        "trl_s_per_step": trl,
+        "ratio": ratio,
+        "target_ratio": 0.8,
+        "ours_reward_last": med("ours", "reward_last"),
+        "trl_reward_last": med("trl", "reward_last"),
+        "ours_reward_first": med("ours", "reward_first"),
+        "trl_reward_first": med("trl", "reward_first"),
+        "ours_peak_rss_mib": med("ours", "peak_rss_mib"),
+        "trl_peak_rss_mib": med("trl", "peak_rss_mib"),
+        "trl_sampling": runs[1]["raw"].get("trl_sampling"),
+        "busy_runs": sum(x["summary"]["other_load"] > 0.1 for x in runs),
+    }
     if args.candidate:
         cand = med("candidate", "s_per_step")
-        summary.update(candidate_path=args.candidate, candidate_s_per_step=cand, candidate_ratio=cand / trl,
-                       candidate_reward_last=med("candidate", "reward_last"))
+        summary.update(
+            candidate_path=args.candidate,
+            candidate_s_per_step=cand,
+            candidate_ratio=cand / trl,
+            candidate_reward_last=med("candidate", "reward_last"),
+        )
     out.write_text(json.dumps({**info, "summary": summary, "runs": runs}, indent=1))
 
     m = info["machine"]
     machine = f"{m['nproc']} cores, {m['cpu']}, {m['mem_gib']} GiB"
     print(f"\nmedians over {args.repeats} repeats, steady state from step {args.n} to {3 * args.n}:")
-    print(f"  ours {ours:.4f} s/step   TRL {trl:.4f} s/step   ratio ours/TRL {ratio:.2f} (target <= 0.8: "
-          f"{'met' if ratio <= 0.8 else 'MISSED'})")
-    print(f"  reward, mean of the last {args.reward_last} of {steps} steps: ours {summary['ours_reward_last']:.1f}, "
-          f"TRL {summary['trl_reward_last']:.1f} (first {args.reward_last}: ours {summary['ours_reward_first']:.1f}, "
-          f"TRL {summary['trl_reward_first']:.1f})")
+    print(
+        f"  ours {ours:.4f} s/step   TRL {trl:.4f} s/step   ratio ours/TRL {ratio:.2f} (target <= 0.8: "
+        f"{'met' if ratio <= 0.8 else 'MISSED'})"
+    )
+    print(
+        f"  reward, mean of the last {args.reward_last} of {steps} steps: ours {summary['ours_reward_last']:.1f}, "
+        f"TRL {summary['trl_reward_last']:.1f} (first {args.reward_last}: ours {summary['ours_reward_first']:.1f}, "
+        f"TRL {summary['trl_reward_first']:.1f})"
+    )
     if args.candidate:
-        print(f"  candidate ({args.candidate}): {cand:.4f} s/step, ratio candidate/TRL {cand / trl:.2f}, "
-              f"candidate/ours {cand / ours:.2f}, reward {summary['candidate_reward_last']:.1f}")
+        print(
+            f"  candidate ({args.candidate}): {cand:.4f} s/step, ratio candidate/TRL {cand / trl:.2f}, "
+            f"candidate/ours {cand / ours:.2f}, reward {summary['candidate_reward_last']:.1f}"
+        )
     if summary["busy_runs"]:
         print(f"  WARNING: {summary['busy_runs']} run(s) shared the CPU with other processes; rerun on a quiet machine")
     print(f"  raw results: {out}\n")
     command = "python tests/benchmarks/bench_vs_trl.py" + "".join(
-        f" --{k} {v}" for k, v in vars(args).items()
-        if k not in ("out", "verbose", "candidate", "retries") and v != parse_defaults().get(k))
+        f" --{k} {v}"
+        for k, v in vars(args).items()
+        if k not in ("out", "verbose", "candidate", "retries") and v != parse_defaults().get(k)
+    )
     print("| command | date | machine | ours (s/step) | TRL 1.16 (s/step) | ours / TRL |")
     print("|---|---|---|---|---|---|")
     print(f"| `{command}` | {info['date']} | {machine} | {ours:.3f} | {trl:.3f} | {ratio:.2f} |")

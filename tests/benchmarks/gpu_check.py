@@ -83,7 +83,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402  (puts the repository root on sys.path)
-
 import grpo_ssr  # noqa: E402
 
 QWEN2_0_5B_INSTRUCT = dict(

@@ -48,10 +48,16 @@ def make_batch(model, pad_id: int) -> dict:
                 p.add_(torch.randn(p.shape, generator=noise) * scale)
             return g.per_token_logps(other, input_ids, attention_mask, C, temperature=T)
 
-    return {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
-            "completion_mask": completion_mask, "advantages": torch.randn(B, generator=gen),
-            "old_per_token_logps": perturbed_logps(0.1, 1), "ref_per_token_logps": perturbed_logps(0.3, 2),
-            "num_items_in_batch": completion_mask.sum().float()}
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(B, generator=gen),
+        "old_per_token_logps": perturbed_logps(0.1, 1),
+        "ref_per_token_logps": perturbed_logps(0.3, 2),
+        "num_items_in_batch": completion_mask.sum().float(),
+    }
 
 
 def ours(model, batch: dict, loss_type: str, beta: float, bias_correction: bool):
@@ -59,10 +65,19 @@ def ours(model, batch: dict, loss_type: str, beta: float, bias_correction: bool)
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     logps = g.per_token_logps(model, input_ids, attention_mask, C, temperature=T)
-    loss, _ = g.grpo_loss(logps, batch["old_per_token_logps"], batch["advantages"], batch["completion_mask"],
-                          epsilon_low=EPSILON, beta=beta, ref_per_token_logps=batch["ref_per_token_logps"],
-                          loss_type=loss_type, use_bias_correction_kl=bias_correction, max_completion_length=C,
-                          num_items_in_batch=float(batch["num_items_in_batch"]))
+    loss, _ = g.grpo_loss(
+        logps,
+        batch["old_per_token_logps"],
+        batch["advantages"],
+        batch["completion_mask"],
+        epsilon_low=EPSILON,
+        beta=beta,
+        ref_per_token_logps=batch["ref_per_token_logps"],
+        loss_type=loss_type,
+        use_bias_correction_kl=bias_correction,
+        max_completion_length=C,
+        num_items_in_batch=float(batch["num_items_in_batch"]),
+    )
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -71,10 +86,24 @@ def trl_trainer(model_dir: str, out: str, loss_type: str, beta: float, bias_corr
     import trl
     from datasets import Dataset
 
-    args = trl.GRPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-                          per_device_train_batch_size=B, num_generations=4, max_completion_length=C, temperature=T,
-                          loss_type=loss_type, beta=beta, use_bias_correction_kl=bias_correction, epsilon=EPSILON,
-                          scale_rewards="group", gradient_accumulation_steps=1, disable_tqdm=True)
+    args = trl.GRPOConfig(
+        output_dir=out,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        per_device_train_batch_size=B,
+        num_generations=4,
+        max_completion_length=C,
+        temperature=T,
+        loss_type=loss_type,
+        beta=beta,
+        use_bias_correction_kl=bias_correction,
+        epsilon=EPSILON,
+        scale_rewards="group",
+        gradient_accumulation_steps=1,
+        disable_tqdm=True,
+    )
     dataset = Dataset.from_list(g.builtin_prompts())
     trainer = trl.GRPOTrainer(model=model_dir, reward_funcs=[g.reward_len], args=args, train_dataset=dataset)
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a real run
@@ -106,21 +135,44 @@ def main() -> int:
         batch = make_batch(our_model, tok.pad_token_id)
         for loss_type, beta, bias_correction in itertools.product(g.LOSS_TYPES, (0.0, 0.04), (True, False)):
             trainer = trl_trainer(str(Path(tmp) / "model"), str(Path(tmp) / "trl"), loss_type, beta, bias_correction)
-            assert all(torch.equal(a, b) for a, b in zip(our_model.state_dict().values(),
-                                                          trainer.model.state_dict().values()))
+            assert all(
+                torch.equal(a, b) for a, b in zip(our_model.state_dict().values(), trainer.model.state_dict().values())
+            )
             loss_a, grads_a = ours(our_model, batch, loss_type, beta, bias_correction)
             loss_b, grads_b = theirs(trainer, batch)
             grad_err = max(relative(grads_a[n], grads_b[n]) for n in grads_b)
             loss_err = abs(loss_a - loss_b) / max(abs(loss_b), 1e-30)
             worst = max(worst, grad_err, loss_err)
-            rows.append({"loss_type": loss_type, "beta": beta, "use_bias_correction_kl": bias_correction,
-                         "loss_ours": loss_a, "loss_trl": loss_b, "loss_rel_err": loss_err,
-                         "max_grad_rel_err": grad_err, "parameters": len(grads_b)})
-            print(f"{loss_type:8s} beta={beta:<5} bias_correction={bias_correction!s:5s}  loss {loss_a:+.8f} vs "
-                  f"{loss_b:+.8f}  rel.err loss {loss_err:.1e}, worst gradient {grad_err:.1e}", flush=True)
+            rows.append(
+                {
+                    "loss_type": loss_type,
+                    "beta": beta,
+                    "use_bias_correction_kl": bias_correction,
+                    "loss_ours": loss_a,
+                    "loss_trl": loss_b,
+                    "loss_rel_err": loss_err,
+                    "max_grad_rel_err": grad_err,
+                    "parameters": len(grads_b),
+                }
+            )
+            print(
+                f"{loss_type:8s} beta={beta:<5} bias_correction={bias_correction!s:5s}  loss {loss_a:+.8f} vs "
+                f"{loss_b:+.8f}  rel.err loss {loss_err:.1e}, worst gradient {grad_err:.1e}",
+                flush=True,
+            )
     ok = worst <= TOLERANCE
-    print(json.dumps({"cases": len(rows), "worst_rel_err": worst, "tolerance": TOLERANCE, "pass": ok,
-                      "machine": machine(), "versions": versions()}))
+    print(
+        json.dumps(
+            {
+                "cases": len(rows),
+                "worst_rel_err": worst,
+                "tolerance": TOLERANCE,
+                "pass": ok,
+                "machine": machine(),
+                "versions": versions(),
+            }
+        )
+    )
     return 0 if ok else 1
 
 

@@ -33,10 +33,22 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 import grpo_ssr  # noqa: E402
 
-RECIPE = dict(model="smollm2-135m-instruct", dataset="arithmetic", reward_funcs="reward_accuracy",
-              learning_rate=2e-5, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
-              temperature=0.7, max_steps=40, eval_steps=40, eval_num_generations=2, bf16=True, device="cpu",
-              replay_buffer_class="SSRReplayBuffer")  # what results/ was measured with, the default buffer then
+RECIPE = dict(
+    model="smollm2-135m-instruct",
+    dataset="arithmetic",
+    reward_funcs="reward_accuracy",
+    learning_rate=2e-5,
+    per_device_train_batch_size=16,
+    num_generations=8,
+    max_completion_length=8,
+    temperature=0.7,
+    max_steps=40,
+    eval_steps=40,
+    eval_num_generations=2,
+    bf16=True,
+    device="cpu",
+    replay_buffer_class="SSRReplayBuffer",
+)  # what results/ was measured with, the default buffer then
 KEYS = ("eval_greedy_accuracy", "eval_accuracy")
 
 
@@ -46,7 +58,8 @@ def parse_overrides(items: list[str]) -> dict:
     for item in items:
         key, _, value = item.partition("=")
         out[key] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true")}.get(
-            str(types.get(key)), str)(value)
+            str(types.get(key)), str
+        )(value)
     return out
 
 
@@ -73,29 +86,46 @@ def main(argv=None) -> int:
                 grpo_ssr.run(cfg)
             wall = time.perf_counter() - start
             train, evals = grpo_ssr.read_metrics(Path(run_dir) / "metrics.jsonl")
-        result = {"seed": seed, "wall_s": round(wall, 1), "config": dataclasses.asdict(cfg),
-                  "before": {k: evals[0][k] for k in KEYS}, "after": {k: evals[-1][k] for k in KEYS},
-                  "train_reward_first5": statistics.mean(r["reward"] for r in train[:5]),
-                  "train_reward_last5": statistics.mean(r["reward"] for r in train[-5:]),
-                  "frac_reward_zero_std": statistics.mean(r["frac_reward_zero_std"] for r in train),
-                  "metrics": train, "evals": evals}
+        result = {
+            "seed": seed,
+            "wall_s": round(wall, 1),
+            "config": dataclasses.asdict(cfg),
+            "before": {k: evals[0][k] for k in KEYS},
+            "after": {k: evals[-1][k] for k in KEYS},
+            "train_reward_first5": statistics.mean(r["reward"] for r in train[:5]),
+            "train_reward_last5": statistics.mean(r["reward"] for r in train[-5:]),
+            "frac_reward_zero_std": statistics.mean(r["frac_reward_zero_std"] for r in train),
+            "metrics": train,
+            "evals": evals,
+        }
         (out / f"seed{seed}.json").write_text(json.dumps(result) + "\n")
         per_seed.append(result)
-        print(f"seed {seed}: held-out greedy accuracy {result['before']['eval_greedy_accuracy']:.3f} -> "
-              f"{result['after']['eval_greedy_accuracy']:.3f}, sampled {result['before']['eval_accuracy']:.3f} -> "
-              f"{result['after']['eval_accuracy']:.3f}; training reward {result['train_reward_first5']:.3f} -> "
-              f"{result['train_reward_last5']:.3f}; {wall:.0f} s", flush=True)
+        print(
+            f"seed {seed}: held-out greedy accuracy {result['before']['eval_greedy_accuracy']:.3f} -> "
+            f"{result['after']['eval_greedy_accuracy']:.3f}, sampled {result['before']['eval_accuracy']:.3f} -> "
+            f"{result['after']['eval_accuracy']:.3f}; training reward {result['train_reward_first5']:.3f} -> "
+            f"{result['train_reward_last5']:.3f}; {wall:.0f} s",
+            flush=True,
+        )
     mean = lambda when, key: round(statistics.mean(r[when][key] for r in per_seed), 4)
-    summary = {"recipe": recipe, "seeds": args.seeds, "threads": args.threads,
-               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d", time.gmtime()),
-               "before": {k: mean("before", k) for k in KEYS}, "after": {k: mean("after", k) for k in KEYS},
-               "wall_s": [r["wall_s"] for r in per_seed],
-               "per_seed": [{k: r[k] for k in ("seed", "wall_s", "before", "after")} for r in per_seed]}
+    summary = {
+        "recipe": recipe,
+        "seeds": args.seeds,
+        "threads": args.threads,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "before": {k: mean("before", k) for k in KEYS},
+        "after": {k: mean("after", k) for k in KEYS},
+        "wall_s": [r["wall_s"] for r in per_seed],
+        "per_seed": [{k: r[k] for k in ("seed", "wall_s", "before", "after")} for r in per_seed],
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"mean over {len(per_seed)} seeds: greedy {summary['before']['eval_greedy_accuracy']:.3f} -> "
-          f"{summary['after']['eval_greedy_accuracy']:.3f}, sampled {summary['before']['eval_accuracy']:.3f} -> "
-          f"{summary['after']['eval_accuracy']:.3f}; wall {min(summary['wall_s']):.0f}-{max(summary['wall_s']):.0f} s")
+    print(
+        f"mean over {len(per_seed)} seeds: greedy {summary['before']['eval_greedy_accuracy']:.3f} -> "
+        f"{summary['after']['eval_greedy_accuracy']:.3f}, sampled {summary['before']['eval_accuracy']:.3f} -> "
+        f"{summary['after']['eval_accuracy']:.3f}; wall {min(summary['wall_s']):.0f}-{max(summary['wall_s']):.0f} s"
+    )
     return 0
 
 
