@@ -3,5 +3,12 @@
 
 from . import nb01, nb02, nb03, nb04, nb06, nb08, study01
 
-ANSWERS = {**nb01.ANSWERS, **nb02.ANSWERS, **nb03.ANSWERS, **nb04.ANSWERS, **nb06.ANSWERS, **nb08.ANSWERS,
-           **study01.ANSWERS}
+ANSWERS = {
+    **nb01.ANSWERS,
+    **nb02.ANSWERS,
+    **nb03.ANSWERS,
+    **nb04.ANSWERS,
+    **nb06.ANSWERS,
+    **nb08.ANSWERS,
+    **study01.ANSWERS,
+}

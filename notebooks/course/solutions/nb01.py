@@ -8,9 +8,7 @@ import torch
 tokens_1 = len("naïve TL;DR".encode("utf-8"))
 
 # 01.2: keep every token up to and including the first EOS (256); a row without EOS is kept whole.
-mask_2 = [[1, 0, 0, 0],
-          [1, 1, 1, 1],
-          [1, 1, 0, 0]]
+mask_2 = [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
 
 # 01.3: softmax(logits / T) of the first token at T = 0.5 and T = 0.05.
 logits = torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64)

@@ -4,7 +4,7 @@ import torch
 
 # 02.1: a group of G = 4 binary rewards has zero spread when all succeed or all fail.
 p, G = 0.3, 4
-zero_spread_2_1 = p ** G + (1 - p) ** G
+zero_spread_2_1 = p**G + (1 - p) ** G
 
 
 # 02.2: the leave-one-out baseline: each completion is compared with the mean of the OTHER G - 1 rewards.

@@ -9,7 +9,7 @@ probs_4_1 = tuple((adv.abs() ** a / (adv.abs() ** a).sum())[0].item() for a in (
 
 # 04.2: ESS = 1 / sum P^2 at alpha = 1; with equal magnitudes every P is 1/3 and the ESS is the size, 3.
 p = adv.abs() / adv.abs().sum()
-ess_4_2 = ((1 / (p ** 2).sum()).item(), 3.0)
+ess_4_2 = ((1 / (p**2).sum()).item(), 3.0)
 
 
 # 04.3: a freshness-aware SSR priority, |A|^alpha * exp(-age / tau) (as in arXiv 2604.16918), normalised.

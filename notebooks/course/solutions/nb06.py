@@ -25,10 +25,11 @@ def strict_answer(text: str) -> Optional[float]:
 
 # 06.3: the share of groups whose rewards are all equal, from the completions themselves: score them with the reward
 # function (TRL's signature, the answer column one per completion), cut into groups of G, and compare max with min.
-def zero_spread_share(completions: list, answers: list, num_generations: int,
-                      reward_func: Callable = grpo_ssr.reward_accuracy) -> float:
+def zero_spread_share(
+    completions: list, answers: list, num_generations: int, reward_func: Callable = grpo_ssr.reward_accuracy
+) -> float:
     rewards = reward_func(completions=completions, answer=answers)
-    groups = [rewards[i:i + num_generations] for i in range(0, len(rewards), num_generations)]
+    groups = [rewards[i : i + num_generations] for i in range(0, len(rewards), num_generations)]
     return sum(max(g) == min(g) for g in groups) / len(groups)
 
 

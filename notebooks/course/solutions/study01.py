@@ -10,8 +10,9 @@ import run_study
 # S01.1: resample the seeds, keeping each seed's pair together: the seed-to-seed variation both arms share (initial
 # weights, prompt order) cancels in the difference, which is why a paired interval is much narrower than an unpaired
 # one. The interval is the 2.5th and 97.5th percentiles of the resampled mean differences.
-def paired_bootstrap(arm: np.ndarray, baseline: np.ndarray, n_boot: int = 10_000,
-                     seed: int = 0) -> tuple[float, float, float]:
+def paired_bootstrap(
+    arm: np.ndarray, baseline: np.ndarray, n_boot: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
     diffs = np.asarray(arm, dtype=float) - np.asarray(baseline, dtype=float)  # (S,)
     rng = np.random.default_rng(seed)
     means = diffs[rng.integers(0, len(diffs), size=(n_boot, len(diffs)))].mean(axis=1)  # (n_boot,)
