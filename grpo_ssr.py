@@ -5,16 +5,11 @@ of completions, scores them, and raises the log-probability of those that beat t
 value network). A group whose completions all get the same reward has advantages 0 and teaches nothing. SSR
 (VL-Rethinker, arXiv 2504.08837) keeps samples with a non-zero advantage and replays them with P ~ |advantage|^alpha.
 
-Part I is the algorithm: one optimizer step, `GRPOStep.train_step`, read top to bottom. Part II runs it for real
-(models, data, evaluation, checkpoints, torchrun, the CLI) and uses Part I, never the reverse.
+Part I is the algorithm, one optimizer step read top to bottom. Part II runs it for real (models, data, evaluation,
+checkpoints, torchrun, the CLI) and uses Part I, never the reverse. `python grpo_ssr.py --help` lists the options.
 
-    python grpo_ssr.py            # plain GRPO: the tiny model on built-in prompts, nothing to download
-    python grpo_ssr.py --replay_buffer_class SSRReplayBuffer --reward_funcs reward_len_binary   # where SSR matters
-    python grpo_ssr.py --model smollm2-135m-instruct --dataset arithmetic --reward_funcs reward_accuracy
-
-Left out on purpose: vLLM, DeepSpeed, FSDP, PEFT, reward models, entropy and truncation masking. Where this file
-departs from the paper, a comment that starts with "Departure" says so; the README compares it with TRL, with the
-pull request it grew from, and with the paper's released code.
+Left out on purpose: vLLM, DeepSpeed, FSDP, PEFT, reward models, entropy and truncation masking. A comment that starts
+with "Departure" marks where the file departs from the paper; the README compares it with TRL and the paper's code.
 """
 
 from __future__ import annotations
@@ -56,7 +51,6 @@ SSR_MODES = ("replace", "fill")
 
 
 def setting(default, help: str):
-    """A config field with its --help text."""
     return field(default=default, metadata={"help": help})
 
 
@@ -93,6 +87,7 @@ class AlgorithmConfig:
     ssr_max_age: Optional[int] = setting(None, "SSR: never draw, and evict, a sample more than this many steps old.")
     ssr_age_decay: float = setting(2.0, "SSR: multiply the priority by exp(-age / this), age in steps; 0: no decay.")
     max_generation_retries: int = setting(3, "Extra generation batches a step may make to have something to train on.")
+    seed: int = setting(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
 
     @property
     def generation_batch_size(self) -> int:
@@ -115,16 +110,15 @@ def generate_completions(
     greedy: bool = False,
     eos_ids: Optional[list[int]] = None,
 ) -> dict[str, torch.Tensor]:
-    """Sample `num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group): left-padded
-    prompts, right-padded completions. A plain KV-cache loop rather than `model.generate`, so that the sampling rule
-    is exactly `sample_next_token`. `greedy`: the most likely token instead (held-out evaluation)."""
+    """`num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group), by a plain KV-cache loop
+    whose sampling rule is exactly `sample_next_token` (`greedy`: the most likely token, for evaluation)."""
     prefilled = prefill(model, tokenizer, prompts, max_prompt_length, add_special_tokens)
     return decode(model, tokenizer, prefilled, num_generations, max_completion_length, temperature, greedy, eos_ids)
 
 
 @torch.no_grad()
 def prefill(model, tokenizer, prompts: list[str], max_prompt_length: int, add_special_tokens: bool = True) -> dict:
-    """Run each prompt through the model once: its left-padded ids and mask, positions, KV cache, next-token logits."""
+    """Each prompt through the model once: left-padded ids and mask, positions, KV cache, next-token logits."""
     device = next(model.parameters()).device
     encoded = tokenizer(
         prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens, return_tensors="pt"
@@ -148,7 +142,7 @@ def decode(
     eos_ids: Optional[list[int]] = None,
 ) -> dict:
     """Repeat each prompt's cache G times and sample token by token. It grows the cache in place: to draw from the
-    same prompts twice, decode a `copy.deepcopy` of `prefill`'s output."""
+    same prompts twice, decode a `copy.deepcopy` of `prefill`'s output. Right-padded completions."""
     G = num_generations
     pad = tokenizer.pad_token_id
     device = prefilled["ids"].device
@@ -250,9 +244,8 @@ def score_generations(
     reward_funcs: list[Callable],
     weights: list[float],
 ) -> tuple[torch.Tensor, torch.Tensor, list]:
-    """Decode a batch and score it: the weighted rewards (B,), each function's scores (B, F) and the completions. Each
-    function gets the data set's columns, one entry per completion, and TRL's `completion_ids`. None or NaN is "no
-    score": left out of the weighted sum; a completion no function scores gets NaN (as in TRL)."""
+    """The weighted rewards (B,), each function's scores (B, F) and the decoded completions. Each function gets the
+    data set's columns and TRL's `completion_ids`. None or NaN is no score: a completion no function scores gets NaN."""
     mask = batch["completion_mask"]
     padded = batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask)
     texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
@@ -309,8 +302,7 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
 def per_token_logps(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Log-probs of the last `logits_to_keep` tokens, all logits at once (Part II's lean_logps chunks them).
-    (B, T) -> (B, C)"""
+    """Log-probs of the last `logits_to_keep` tokens, all logits at once (lean_logps chunks them). (B, T) -> (B, C)"""
     positions = positions_from_mask(attention_mask)
     out = model(
         input_ids=input_ids,
@@ -350,16 +342,14 @@ def grpo_loss(
     micro_batch_tokens: Optional[float] = None,
     num_sequences: Optional[int] = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The GRPO loss of one micro-batch, already divided so that summing over micro-batches gives the step's loss.
-
-    Shapes: log-probs and mask (B, C); advantages (B,). The normaliser of the summed per-token loss:
-      grpo:    each sequence's token count, then num_sequences, the step's sequences (mean of sequence means)
-      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches (exact for equal micro-batches)
-      dr_grpo: num_sequences * max_completion_length (a constant: no length bias)
-      dapo:    num_items_in_batch, the token count of all micro-batches of the optimizer step (default: this one's)
-    num_sequences defaults to B * num_micro_batches; a part batch passes its own: every sequence weighs the same.
-    The KL term is k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi /
-    pi_old, which makes its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
+    """One micro-batch's loss, divided so that the micro-batches' losses sum to the step's. Log-probs and mask (B, C);
+    advantages (B,). The summed per-token loss is divided by:
+      grpo:    each sequence's token count, then num_sequences (default B * num_micro_batches): mean of sequence means
+      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches
+      dr_grpo: num_sequences * max_completion_length, a constant: no length bias
+      dapo:    num_items_in_batch, the tokens of the whole optimizer step (default: this micro-batch's)
+    k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi / pi_old, which makes
+    its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
     mask = completion_mask.to(logps.dtype)
     real = completion_mask.bool()  # the completion's tokens, not its padding
@@ -410,8 +400,8 @@ def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
-    """Drop each sample's padding, then pad all to the longest prompt (on the left) and completion (on the right):
-    samples from different generation batches stack with the least padding. Log-probs follow the completion mask."""
+    """Drop each sample's padding, then pad all to the longest prompt (left) and completion (right): samples from
+    different generation batches stack with the least padding. Log-probs follow the completion mask."""
 
     def pad_to(t: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:  # (n,) -> (length,)
         filler = t.new_full((length - t.size(0),), value)
@@ -481,11 +471,10 @@ class ReplayBuffer:
 
 
 class SSRReplayBuffer(ReplayBuffer):
-    """Selective Sample Replay: store only samples with a non-zero advantage (the others carry no gradient: counted,
-    not stored); draw with replacement, P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), ages in optimizer steps against
-    the trainer's (`advance_to`), evicting those older than max_age. A draw is one torch.multinomial.
-    Departure: the paper's buffer lives for one episode (16 optimizer steps); this one is a FIFO of
-    `capacity` samples whose age is a decay (arXiv 2604.16918) and an optional limit."""
+    """Selective Sample Replay: store only samples with a non-zero advantage (the others carry no gradient); draw with
+    replacement, P(i) ~ |A_i|^alpha * exp(-age_i / age_decay), ages in optimizer steps (`advance_to`), never past
+    max_age. Departure: the paper's buffer lives one episode (16 steps); this FIFO spans steps, with the age decay of
+    arXiv 2604.16918 and an optional age limit."""
 
     def __init__(
         self, capacity: int, alpha: float = 1.0, seed: int = 0, max_age: Optional[int] = None, age_decay: float = 0.0
@@ -510,8 +499,7 @@ class SSRReplayBuffer(ReplayBuffer):
             self._store(s)
 
     def advance_to(self, step: int) -> None:
-        """Move the clock to optimizer step `step` and evict every sample older than max_age. Samples arrive in step
-        order, so the too-old ones are the oldest: they leave from the tail of the ring."""
+        """Move the clock to `step` and evict the samples older than max_age: the oldest, at the ring's tail."""
         self.clock = step
         oldest = (self.next_slot - self.size) % self.capacity
         while self.max_age is not None and self.size and step - self.made_at[oldest] > self.max_age:
@@ -521,7 +509,7 @@ class SSRReplayBuffer(ReplayBuffer):
             oldest = (oldest + 1) % self.capacity
 
     def _weights(self) -> torch.Tensor:
-        """Every slot's draw weight (0 when empty): |A|^alpha x exp(-age / age_decay), 0 past max_age. (capacity,)
+        """Each slot's draw weight, |A|^alpha x exp(-age / age_decay), 0 when empty or past max_age. (capacity,)
         The decay counts from the youngest sample: the same probabilities, and no underflow."""
         weights = self.priorities
         age = self.clock - self.made_at
@@ -576,31 +564,34 @@ class PromptSampler:
 
 
 class Dist:
-    """This process's place in a run: the only one. Part II's `Torchrun` does the same over several processes."""
+    """This process's place in a run, the only one; Part II's `Torchrun` spans several. `reduce` sums (or maxes) each
+    value over the processes (each must pass as many), `sum_gradients` each gradient, once a step."""
 
     world_size, rank, main = 1, 0, True
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
-        """Each value summed (or maxed) over the processes. Every process must pass as many values."""
         return list(values)
 
     def any(self, flag: bool) -> bool:
         return bool(self.reduce([float(flag)], "max")[0])  # true on every process when true on any
 
     def sum_gradients(self, model) -> None:
-        """Sum each gradient over the processes, once a step, after the last backward."""
+        pass
 
 
 class GRPOStep:
-    """A run's state and its optimizer step, from a model, its tokenizer, reward functions, a config and prompt rows
-    ({"prompt": ...} and the columns the rewards read). `train_step()` takes one optimizer step.
+    """A run's state and its optimizer step (`train_step`), from a model, its tokenizer, reward functions, a config
+    and prompt rows ({"prompt": ...} and the columns the rewards read).
 
-    The ratio's "old" log-probs are those of the policy that sampled each sample. A sample that trains before any
-    update since it was sampled takes them from its first training forward, detached: plain GRPO, and SSR fill at
-    num_iterations 1, where every sample first trains in the step that generated it. SSR replace (and fill at
-    num_iterations > 1) may first train a sample after an update, so a forward at generation computes them. Either
-    way the sample keeps them: a replay's ratio measures how far the policy has moved since it was sampled.
-    Departure (from the seed's pull request): it used the current log-probs, so a replay's ratio was exactly 1."""
+    The ratio's "old" log-probs are those of the policy that sampled each sample. Where every sample first trains in
+    the step that made it, before any update (plain GRPO; SSR fill at num_iterations 1), its first training forward
+    gives them, detached; elsewhere (SSR replace may first draw it later) a forward at generation does. The sample
+    keeps them, so a replay's ratio measures how far the policy has moved since (the seed's pull request used the
+    current ones: a replay's ratio was 1)."""
+
+    autocast = nullcontext  # bf16 autocast where the device computes it: Part II decides
+    logps = staticmethod(per_token_logps)  # or a function of its signature: Part II's leaner one
+    dist = Dist()  # Part II's Torchrun under torchrun
 
     def __init__(
         self,
@@ -609,12 +600,7 @@ class GRPOStep:
         reward_funcs: list[Callable],
         cfg: AlgorithmConfig,
         dataset: list[dict],
-        *,
-        reward_weights: Optional[list[float]] = None,
-        seed: int = 0,
-        autocast: Callable = nullcontext,
-        dist: Optional[Dist] = None,
-        logps: Callable = per_token_logps,
+        reward_weights=None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -622,16 +608,13 @@ class GRPOStep:
         self.reward_weights = list(reward_weights or [1.0] * len(reward_funcs))
         self.cfg = cfg
         self.dataset = dataset
-        self.autocast = autocast  # bf16 autocast where the device has it (Part II decides)
-        self.logps = logps  # per_token_logps, or a function of its signature (Part II's leaner one)
-        self.dist = dist or Dist()
         self.device = next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.ref_model = None  # the KL's anchor, the initial model, frozen; only needed with beta > 0
         if cfg.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.prompt_sampler = PromptSampler(len(dataset), seed)
-        self.buffer = make_buffer(cfg, seed + self.dist.rank)  # one for each process
+        self.prompt_sampler = PromptSampler(len(dataset), cfg.seed)
+        self.buffer = make_buffer(cfg, cfg.seed + self.dist.rank)  # one for each process
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
         def schedule(step: int) -> float:
@@ -690,24 +673,18 @@ class GRPOStep:
                 )
                 loss.backward()
                 # ---------------------------------------------------------------------------------------------------
+                mask = batch["completion_mask"]
                 trained.append(
-                    {
-                        "samples": samples,
-                        "loss": loss.item(),
-                        "stats": stats,
-                        "logps": logps.detach(),
-                        "old": old,
-                        "mask": batch["completion_mask"],
-                    }
+                    dict(samples=samples, loss=loss.item(), stats=stats, logps=logps.detach(), old=old, mask=mask)
                 )
             update = self.update(sum(t["loss"] for t in trained))
         elif micro_batches:  # --skip_empty_steps: a zero gradient, yet AdamW's momentum would still move the weights
             self.counters["empty_steps_skipped"] += 1
         else:
             self.counters["skipped_steps"] += 1
+            why = "every group had zero reward spread, or no reward function scored a completion"
             print(
-                f"warning: step {self.step + 1} skipped: nothing to train on after {retries} retries (every group "
-                "had zero reward spread, or no reward function scored a completion)",
+                f"warning: step {self.step + 1} skipped: nothing to train on after {retries} retries ({why})",
                 file=sys.stderr,
             )
         self.step += 1  # and the learning rate moves on, also after a step without an update
@@ -978,160 +955,113 @@ class GRPOConfig(AlgorithmConfig):
     model: str = setting("tiny", "tiny (a small random Qwen2), smollm2-135m-instruct (a preset), a Hub id or a folder.")
     dataset: str = setting(
         "builtin",
-        "builtin (TL;DR-style prompts), builtin_chat (the same as chat messages, for an "
-        "instruct model), arithmetic or arithmetic:1,2,3 (sums), a Hub id, or a local "
-        ".json/.jsonl/.csv/.parquet file.",
+        "builtin (TL;DR-style posts), builtin_chat (the same as chat messages), arithmetic or arithmetic:1,2,3 (sums), "
+        "a Hub id, or a local .json/.jsonl/.csv/.parquet file.",
     )
     dataset_split: str = setting("train", "Split of --dataset to train on (local files have only 'train').")
-    prompt_column: str = setting(
-        "prompt", "Column holding the prompt: a string, or chat messages for the chat template."
-    )
-    reward_funcs: str = setting(
-        "reward_len",
-        "Comma-separated: reward_len, reward_len_binary, reward_accuracy, or an "
-        "importable path such as my_module.my_reward.",
-    )
+    prompt_column: str = setting("prompt", "Column of the prompt: a string, or chat messages for the chat template.")
+    reward_funcs: str = setting("reward_len", "Comma-separated names (reward_len, ...) or paths (my_module.my_reward).")
     reward_weights: Optional[list[float]] = setting(None, "One weight per reward function; default all 1.0.")
-    seed: int = setting(0, "One seed for Python, NumPy, torch, the sampling and the replay draws.")
-    device: str = setting("auto", "auto (cuda if available, else cpu), cpu or cuda; bf16 autocast on GPUs with bf16.")
+    device: str = setting("auto", "auto (cuda if available, else cpu), cpu or cuda.")
     disable_dropout: bool = setting(True, "Dropout off (TRL's default): sampling and training then see one policy.")
     eval_steps: int = setting(50, "Score held-out prompts at step 0, every this many steps and at the end; 0: never.")
-    eval_dataset: Optional[str] = setting(
-        None, "Held-out split of --dataset, or a local file; default: the task's own."
-    )
+    eval_dataset: Optional[str] = setting(None, "Held-out split of --dataset, or a local file; default: the task's.")
     eval_max_prompts: int = setting(64, "Held-out prompts scored per evaluation (the first ones); 0 scores them all.")
     eval_num_generations: int = setting(4, "Completions sampled per held-out prompt, beside the greedy one.")
-    eval_only: bool = setting(
-        False, "Train nothing: score --model, and the trained model in --output_dir, side by side."
-    )
-    bf16: Optional[bool] = setting(
-        None,
-        "bf16 autocast; default: on a GPU with native bf16, else off. --bf16 asks for it "
-        "on a CPU (AVX512-BF16 or AMX); --bf16 false turns it off.",
-    )
+    bf16: Optional[bool] = setting(None, "bf16 autocast; default on a GPU with native bf16. --bf16 false: off.")
     num_threads: Optional[int] = setting(None, "torch's CPU threads; default 1 for the tiny model, else one per core.")
-    logits_chunk_size: int = setting(
-        512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 bytes)."
-    )
+    logits_chunk_size: int = setting(512, "Tokens whose logits exist at once in the log-probs (x vocabulary x 4 B).")
     output_dir: str = setting("runs/grpo_ssr", "Where metrics.jsonl, the config, checkpoints and the model go.")
     overwrite_output_dir: bool = setting(False, "Start a fresh run in an --output_dir that already holds one.")
     logging_steps: int = setting(1, "Update the progress bar every this many steps (metrics.jsonl gets every step).")
-    log_completions: bool = setting(
-        False, "Log each logging step's completions, rewards, advantages: completions.jsonl."
-    )
+    log_completions: bool = setting(False, "Write each logging step's completions to completions.jsonl.")
     num_completions_to_print: int = setting(4, "With --log_completions, completions printed each logging step.")
     save_steps: int = setting(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
     save_total_limit: Optional[int] = setting(None, "Keep only the newest this many checkpoints; default keeps all.")
-    resume_from_checkpoint: Optional[str] = setting(
-        None, "A checkpoint folder, or 'last' in --output_dir: continue that run with its own settings."
-    )
+    resume_from_checkpoint: Optional[str] = setting(None, "A checkpoint folder, or 'last': continue that run.")
 
     def __new__(cls, *args, **kwargs):  # before __init__, which answers an option it lacks with a bare TypeError
-        if args:
-            raise ConfigError("GRPOConfig takes keyword arguments only, e.g. GRPOConfig(output_dir='runs/mine')")
-        if unknown := [name for name in kwargs if name not in cls.__dataclass_fields__]:
-            raise ConfigError(not_a_field(unknown[0]))
+        unknown = [name for name in kwargs if name not in cls.__dataclass_fields__]
+        if args or unknown:
+            raise ConfigError(not_a_field(unknown[0]) if unknown else "GRPOConfig takes keyword arguments only")
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Each field against its type and limits, however the config is made: max_steps=2.5 or seed=-1 is refused."""
-        if isinstance(self.scale_rewards, bool) or str(self.scale_rewards).lower() in SCALE_REWARDS:  # TRL's bools too
-            self.scale_rewards = SCALE_REWARDS[str(self.scale_rewards).lower()]
+        """Each field against its type and LIMITS, however the config is made: max_steps=2.5 or seed=-1 is refused."""
+        if str(self.scale_rewards).lower() in ("true", "false"):  # TRL's older booleans, from Python or the CLI
+            self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            value, kinds = getattr(self, f.name), typing.get_args(hints[f.name]) or (hints[f.name],)
+            value = getattr(self, f.name)
             if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
-                setattr(self, f.name, value := value.item())
-            kind, optional, least = kinds[0], type(None) in kinds, LEAST.get(f.name, 0)  # kinds[0]: Optional[kind]
-            if value is None and optional:
+                value = value.item()
+                setattr(self, f.name, value)
+            kinds = typing.get_args(hints[f.name]) or (hints[f.name],)  # Optional[X]: (X, NoneType)
+            if value is None and type(None) in kinds:
                 continue
-            _check(
-                _is(value, kind),
-                f.name,
-                value,
-                f"must be {WORDS[kind]}{' or None' if optional else ''}, not {type(value).__name__}",
-            )
-            if f.name in CHOICES:
-                _check(value in CHOICES[f.name], f.name, value, f"choose one of {', '.join(CHOICES[f.name])}")
-            elif f.name in ABOVE_ZERO:
-                _check(value > 0, f.name, value, "must be > 0")
-            elif kind in (int, float):
-                _check(value >= least, f.name, value, f"must be >= {least}")
-        _check(self.seed < 2**32, "seed", self.seed, "must be < 2**32 (NumPy's limit)")
+            if not is_a(value, kinds[0]):
+                words = WORDS[kinds[0]] + (" or None" if type(None) in kinds else "")
+                raise ConfigError(f"--{f.name} {value!r} is invalid: must be {words}, not {type(value).__name__}")
+            limit = LIMITS.get(f.name, 0 if kinds[0] in (int, float) else None)
+            if isinstance(limit, tuple) and value not in limit:
+                raise ConfigError(f"--{f.name} {value!r} is invalid: choose one of {', '.join(limit)}")
+            if limit == "> 0" and not value > 0 or isinstance(limit, int) and value < limit:
+                raise ConfigError(
+                    f"--{f.name} {value!r} is invalid: must be {limit if limit == '> 0' else f'>= {limit}'}"
+                )
+        if self.seed >= 2**32:
+            raise ConfigError(f"--seed {self.seed} is invalid: must be < 2**32 (NumPy's limit)")
 
 
 def not_a_field(name: str, prefix: str = "") -> str:
     """One line for an option this file does not have, whatever library it comes from (TRL, transformers)."""
     close = difflib.get_close_matches(name, list(GRPOConfig.__dataclass_fields__), n=1, cutoff=0.88)  # typos only
-    return f"{prefix}{name} is not a field of GRPOConfig (python grpo_ssr.py --help lists them)" + (
-        f"; did you mean {prefix}{close[0]}?" if close else ""
-    )
+    guess = f"; did you mean {prefix}{close[0]}?" if close else ""
+    return f"{prefix}{name} is not a field of GRPOConfig (python grpo_ssr.py --help lists them){guess}"
 
 
 FROM_PYTHON = "passed from Python"
-SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", "true": "group", "false": "none"}
 WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
-LEAST = {
-    "num_generations": 2,
-    **dict.fromkeys(
-        (
-            "max_steps",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "num_iterations",
-            "max_prompt_length",
-            "max_completion_length",
-            "logging_steps",
-            "logits_chunk_size",
-            "ssr_capacity_scalar",
-            "num_threads",
-            "save_total_limit",
-            "eval_num_generations",
-        ),
-        1,
-    ),
-}
-CHOICES = {
+# Each field's choices, or its least value; other numbers must be >= 0.
+LIMITS = {
     "loss_type": LOSS_TYPES,
     "replay_buffer_class": tuple(BUFFER_CLASSES),
     "ssr_mode": SSR_MODES,
     "device": ("auto", "cpu", "cuda"),
-    "scale_rewards": tuple(SCALE_REWARDS),
+    "scale_rewards": ("group", "batch", "none"),
+    "num_generations": 2,
+    **dict.fromkeys(("temperature", "learning_rate", "max_grad_norm"), "> 0"),
+    **dict.fromkeys("max_steps per_device_train_batch_size gradient_accumulation_steps num_iterations".split(), 1),
+    **dict.fromkeys("max_prompt_length max_completion_length logging_steps logits_chunk_size".split(), 1),
+    **dict.fromkeys("ssr_capacity_scalar num_threads save_total_limit eval_num_generations".split(), 1),
 }
-ABOVE_ZERO = ("temperature", "learning_rate", "max_grad_norm")
 
 
-def _is(value, kind) -> bool:
+def is_a(value, kind) -> bool:
     """isinstance, where an int is a float's value too, a bool is no number, and list[X] takes a list or tuple of X."""
     if typing.get_origin(kind) is list:
-        return isinstance(value, (list, tuple)) and all(_is(v, typing.get_args(kind)[0]) for v in value)
+        return isinstance(value, (list, tuple)) and all(is_a(v, typing.get_args(kind)[0]) for v in value)
     if kind in (int, float):
         return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
     return isinstance(value, kind)
 
 
-def _check(ok: bool, option: str, value: Any, accepted: str) -> None:
-    if not ok:
-        raise ConfigError(f"--{option} {value!r} is invalid: {accepted}")
-
-
 def validate_config(cfg: GRPOConfig) -> None:
     """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
-    _check(
-        cfg.generation_batch_size % cfg.num_generations == 0,
-        "num_generations",
-        cfg.num_generations,
-        f"must divide per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}",
-    )
-    _check(cfg.device != "cuda" or torch.cuda.is_available(), "device", cfg.device, "no CUDA device: use cpu or auto")
+    if cfg.generation_batch_size % cfg.num_generations:
+        raise ConfigError(
+            f"--num_generations {cfg.num_generations} is invalid: must divide per_device_train_batch_size * "
+            f"gradient_accumulation_steps = {cfg.generation_batch_size}"
+        )
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device 'cuda' is invalid: no CUDA device: use cpu or auto")
     if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
         raise ConfigError("--dynamic_sampling is a baseline without replay: use --replay_buffer_class ReplayBuffer")
-    _check(
-        not cfg.dataset.startswith("arithmetic") or arithmetic_levels(cfg.dataset),
-        "dataset",
-        cfg.dataset,
-        f"write arithmetic or arithmetic:LEVELS, levels from {sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2",
-    )
+    if cfg.dataset.startswith("arithmetic") and not arithmetic_levels(cfg.dataset):
+        raise ConfigError(
+            f"--dataset {cfg.dataset!r} is invalid: write arithmetic or arithmetic:LEVELS, levels from "
+            f"{sorted(ARITHMETIC_LEVELS)}, e.g. arithmetic:1,2"
+        )
 
 
 def check_positions(cfg: GRPOConfig, model) -> None:
@@ -1701,20 +1631,22 @@ class CheckedReward:
         func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
         if isinstance(func, str):
             module, _, attr = func.rpartition(".")
-            _check(
-                bool(module and attr),
-                "reward_funcs",
-                func,
-                f"choose from {', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward",
-            )
+            if not (module and attr):
+                raise ConfigError(
+                    f"--reward_funcs {func!r} is invalid: choose from {', '.join(REWARD_FUNCS)}, or give an importable "
+                    "path such as my_module.my_reward"
+                )
             if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
                 sys.path.insert(0, os.getcwd())
             try:
                 func = getattr(importlib.import_module(module), attr)
             except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
                 raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
-        _check(callable(func), "reward_funcs", spec, "not a function; give functions, their names, or importable paths")
-        self.func, self.__name__, self.warned = func, getattr(func, "__name__", type(func).__name__), False
+        if not callable(func):
+            raise ConfigError(f"--reward_funcs {spec!r} is invalid: give functions, their names, or importable paths")
+        self.func = func
+        self.__name__ = getattr(func, "__name__", type(func).__name__)
+        self.warned = False  # about a None score, once
 
     def __call__(self, completions: list, **kwargs) -> list:
         out = self.func(completions=completions, **kwargs)
@@ -1751,12 +1683,10 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
         weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
     except (TypeError, ValueError):
         weights = None
-    _check(
-        weights is not None and len(weights) == len(funcs),
-        "reward_weights",
-        given,
-        f"give {len(funcs)} number(s), one per reward function",
-    )
+    if weights is None or len(weights) != len(funcs):
+        raise ConfigError(
+            f"--reward_weights {given!r} is invalid: give {len(funcs)} number(s), one per reward function"
+        )
     return funcs, weights
 
 
@@ -1817,23 +1747,6 @@ def evaluate(
 
 
 # --- The trainer: Part I's step with its model, data and rewards, the run loop and checkpoints ------------------------
-
-
-def evaluate_as_configured(cfg: GRPOConfig, model, tokenizer, rows, reward_funcs, reward_weights, autocast) -> dict:
-    """`evaluate` with the config's settings: a run's evaluations and --eval_only score alike."""
-    return evaluate(
-        model,
-        tokenizer,
-        rows,
-        reward_funcs,
-        reward_weights,
-        num_generations=cfg.eval_num_generations,
-        temperature=cfg.temperature,
-        max_prompt_length=cfg.max_prompt_length,
-        max_completion_length=cfg.max_completion_length,
-        seed=cfg.seed,
-        autocast=autocast,
-    )
 
 
 TrainerState = typing.NamedTuple("TrainerState", [("global_step", int), ("max_steps", int), ("log_history", list)])
@@ -1935,19 +1848,10 @@ class GRPOTrainer(GRPOStep):
                 if isinstance(getattr(module, "attention_dropout", None), float):  # attention applying it as a float
                     module.attention_dropout = 0.0
         dist.broadcast_parameters(model.to(device))  # every rank starts from rank 0's weights
-        logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
-        super().__init__(
-            model,
-            tokenizer,
-            funcs,
-            cfg,
-            rows,
-            reward_weights=weights,
-            seed=cfg.seed,
-            autocast=autocast,
-            dist=dist,
-            logps=logps,
-        )
+        self.dist = dist
+        self.autocast = autocast
+        self.logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
+        super().__init__(model, tokenizer, funcs, cfg, rows, weights)
         if dist.world_size > 1:
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
@@ -1971,26 +1875,27 @@ class GRPOTrainer(GRPOStep):
 
     def run_evaluation(self, bar) -> dict[str, float]:
         """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
+        cfg = self.cfg
         metrics = {}
         if self.dist.main:
-            metrics = {
-                "step": self.step,
-                **evaluate_as_configured(
-                    self.cfg,
-                    self.model,
-                    self.tokenizer,
-                    self.eval_rows,
-                    self.reward_funcs,
-                    self.reward_weights,
-                    self.autocast,
-                ),
-            }
+            scores = evaluate(
+                self.model,
+                self.tokenizer,
+                self.eval_rows,
+                self.reward_funcs,
+                self.reward_weights,
+                num_generations=cfg.eval_num_generations,
+                temperature=cfg.temperature,
+                max_prompt_length=cfg.max_prompt_length,
+                max_completion_length=cfg.max_completion_length,
+                seed=cfg.seed,
+                autocast=self.autocast,
+            )
+            metrics = {"step": self.step, **scores}
             shown = [
-                k
-                for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy")
-                if k in metrics
+                k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy") if k in scores
             ]
-            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {metrics[k]:.3f}" for k in shown))
+            bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {scores[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
 
@@ -2000,12 +1905,7 @@ class GRPOTrainer(GRPOStep):
 
         cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
         old = [] if cfg.resume_from_checkpoint is not None else check_output_dir(cfg)  # again: runs since __init__
-        if main:  # a hard exit leaves half-written .tmp-* folders; a fresh run removes what an earlier one wrote here
-            if old and not cfg.overwrite_output_dir:
-                print(
-                    f"note: --output_dir {cfg.output_dir!r} holds a run that finished no step: starting over it",
-                    file=sys.stderr,
-                )
+        if main:  # a fresh run replaces what an earlier one wrote; a hard exit's half-written .tmp-* folders go too
             for path in old + [*out.glob(".tmp-*")]:
                 _remove(path)
         self.dist.barrier()
@@ -2406,20 +2306,16 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def save_model_files(model, tokenizer, out: Path) -> None:
-    """save_pretrained into `out` via a folder of its own, to list in model_files.json what an overwrite removes."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".tmp-model"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    for name in (names := sorted(p.name for p in tmp.iterdir())):
-        (tmp / name).replace(out / name)
-    tmp.rmdir()
-    (out / "model_files.json").write_text(json.dumps(names) + "\n")
+    model.save_pretrained(out)  # over an earlier run's: the same names
+    tokenizer.save_pretrained(out)
+
+
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "metrics.png", "grpo_config.json")
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run removes from --output_dir: what a run wrote there (one that finished no step locks nothing)."""
+    """What a fresh run replaces in --output_dir: what a run writes there. A run that finished a step is replaced only
+    with --overwrite_output_dir; the model files are overwritten by the new model's."""
     out = Path(cfg.output_dir)
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
@@ -2429,17 +2325,7 @@ def check_output_dir(cfg: GRPOConfig) -> list[Path]:
         )
     if not cfg.overwrite_output_dir and not (out / "metrics.jsonl").exists():
         return []
-    listed = json.loads((out / "model_files.json").read_text()) if (out / "model_files.json").is_file() else []
-    names = ["metrics.jsonl", "grpo_config.json", "completions.jsonl", "metrics.png", "model_files.json", *listed]
-    old = [out / n for n in names if n == Path(n).name and (out / n).exists()] + checkpoints(out)
-    data = Path(cfg.dataset).resolve()
-    for path in map(Path.resolve, old):
-        if path == data or path in data.parents or data in path.parents:
-            raise ConfigError(
-                f"--output_dir {cfg.output_dir!r}: starting a run there would remove {str(path)!r}, "
-                f"which holds --dataset {cfg.dataset!r}; move the data set or use another --output_dir"
-            )
-    return old
+    return [out / name for name in RUN_FILES if (out / name).exists()] + checkpoints(out)
 
 
 def json_line(row: dict) -> str:
@@ -2458,46 +2344,31 @@ def print_outputs(out: Path) -> None:
 # --- Resume (a checkpoint knows its run) and the CLI: parse, train (or only evaluate) ---------------------------------
 
 
+# On resume these may differ from the checkpoint's settings; any other that differs is refused.
+MAY_CHANGE_ON_RESUME = """max_steps save_steps save_total_limit logging_steps log_completions num_completions_to_print
+    output_dir overwrite_output_dir resume_from_checkpoint device logits_chunk_size num_threads""".split()
+
+
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
     """A resumed run's settings: its checkpoint's, but for the options `given` (from Python: those not at default)."""
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
-    path = (checkpoints(cfg.output_dir) or [None])[-1] if resume == "last" else Path(resume)
-    if path is None or not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
-        raise ConfigError(
-            f"--resume_from_checkpoint {resume!r}: "
-            + (
-                f"no checkpoint-* folder in --output_dir {cfg.output_dir!r}"
-                if resume == "last"
-                else "no such folder"
-                if not path.is_dir()
-                else "not a checkpoint folder (no trainer_state.pt)"
-            )
-        )
-    saved = json.loads((path / "grpo_config.json").read_text())
-    may_change = (
-        "max_steps",
-        "save_steps",
-        "save_total_limit",
-        "logging_steps",
-        "log_completions",
-        "num_completions_to_print",
-        "output_dir",
-        "overwrite_output_dir",
-        "resume_from_checkpoint",
-        "device",
-        "logits_chunk_size",
-        "num_threads",
+    path = (
+        (checkpoints(cfg.output_dir) or [Path(cfg.output_dir) / "checkpoint-*"])[-1]
+        if resume == "last"
+        else Path(resume)
     )
+    if not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
+        raise ConfigError(f"--resume_from_checkpoint {resume!r}: no checkpoint (trainer_state.pt) at {str(path)!r}")
+    saved = json.loads((path / "grpo_config.json").read_text())
     ours = dataclasses.asdict(cfg)
     given = {k for k, v in dataclasses.asdict(GRPOConfig()).items() if ours[k] != v} if given is None else given
-    for k in ours:
-        if k in given and k not in may_change and ours[k] != saved[k]:
+    for k in given:
+        if k not in MAY_CHANGE_ON_RESUME and ours[k] != saved[k]:
             raise ConfigError(
-                f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} "
-                f"({path / 'grpo_config.json'}); on resume only --max_steps, saving, logging, --device, "
-                "--logits_chunk_size and --num_threads may change"
+                f"--{k} {ours[k]!r} conflicts with the checkpoint's {saved[k]!r} ({path / 'grpo_config.json'}); on "
+                "resume only --max_steps, saving, logging, --device, --logits_chunk_size and --num_threads may change"
             )
     own = path.resolve().parent
     out = cfg.output_dir if "output_dir" in given else str(own)
@@ -2506,13 +2377,8 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
             f"--output_dir {out!r} holds another run; --resume_from_checkpoint {str(path)!r} belongs to "
             f"the run in {str(own)!r}: resume it there, or into an empty folder"
         )
-    return GRPOConfig(
-        **{
-            **{k: ours[k] if k in given else saved[k] for k in ours},
-            "resume_from_checkpoint": str(path),
-            "output_dir": out,
-        }
-    )
+    settings = {k: ours[k] if k in given else saved[k] for k in ours}
+    return GRPOConfig(**{**settings, "resume_from_checkpoint": str(path), "output_dir": out})
 
 
 def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
@@ -2542,54 +2408,19 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
 
 
 def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
-    """Build the trainer (it resolves and checks the config first) and train; --eval_only instead scores --model, and
-    the trained model in --output_dir if there is one, on the same held-out prompts and seed: one dict per model."""
-    if not cfg.eval_only:
-        trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
-        c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
-        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
-        if trainer.dist.main:
-            print(
-                f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
-                f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
-                f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
-                f"{Path(c.output_dir) / 'grpo_config.json'}",
-                flush=True,
-            )
-        return trainer.train()
-    cfg = resume_config(cfg, cli_options)
-    validate_config(cfg)
-    funcs, weights = resolve_rewards(cfg, trainer_kwargs.get("reward_funcs"))
-    if not (rows := load_eval_prompts(cfg)):
-        raise ConfigError(f"--eval_only: --dataset {cfg.dataset!r} has no held-out split; pass --eval_dataset")
-    device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg))
-    results, trained = [], Path(cfg.output_dir)
-    for name in [cfg.model] + ([str(trained)] if (trained / "config.json").is_file() else []):
-        set_seed(cfg.seed)  # the tiny model's random weights are the ones a run with this seed starts from
-        model, tokenizer = load_model(name)
-        check_positions(cfg, model)
-        scores = evaluate_as_configured(cfg, model.to(device), tokenizer, rows, funcs, weights, autocast)
-        results.append({"model": name, **scores})
-    keys = [
-        k
-        for k in (
-            "eval_accuracy",
-            "eval_greedy_accuracy",
-            "eval_reward",
-            "eval_greedy_reward",
-            "eval_completion_length",
+    """Build the trainer (it resolves and checks the config first), say in one line what will run, and train."""
+    trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
+    c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
+    replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
+    if trainer.dist.main:
+        print(
+            f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
+            f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
+            f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
+            f"{Path(c.output_dir) / 'grpo_config.json'}",
+            flush=True,
         )
-        if all(k in r for r in results)
-    ]
-    width = max(len(r["model"]) for r in results)
-    print(
-        f"held-out prompts: {len(rows)} of --dataset {cfg.dataset}; {cfg.eval_num_generations} sampled at "
-        f"T = {cfg.temperature} and 1 greedy completion each, seed {cfg.seed}"
-    )
-    print(f"{'model':{width}}  " + "  ".join(f"{k[5:]:>16}" for k in keys))
-    for r in results:
-        print(f"{r['model']:{width}}  " + "  ".join(f"{r[k]:16.3f}" for k in keys))
-    return results
+    return trainer.train()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -1,5 +1,5 @@
 """Held-out evaluation (Part II): evaluate() on the tiny model, which data set is held out, --eval_steps lines through
-the real training loop, the binary reward's accuracy, and --eval_only's before/after table."""
+the real training loop, the binary reward's accuracy."""
 
 import pytest
 import torch
@@ -134,34 +134,3 @@ def test_binary_reward_logs_accuracy(cfg_factory):
     assert [r["step"] for r in evals] == [0, 1]
     assert all(0 <= r["eval_accuracy"] <= 1 and r["eval_accuracy"] == r["eval_reward"] for r in evals)
     assert all("eval_greedy_accuracy" in r for r in evals)
-
-
-def test_eval_only_prints_the_before_after_table(cfg_factory, capsys):
-    cfg = cfg_factory(max_steps=2, eval_steps=2, eval_num_generations=2)
-    g.run(cfg)
-    _, evals = metrics_lines(g.Path(cfg.output_dir))
-    capsys.readouterr()
-    assert (
-        g.main(
-            [
-                "--eval_only",
-                "--output_dir",
-                cfg.output_dir,
-                "--eval_num_generations",
-                "2",
-                "--max_completion_length",
-                "16",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].split()[0] == "tiny" and lines[-1].split()[0] == cfg.output_dir
-    # the same numbers as the run's own evaluations before and after training
-    before, after = (float(l.split()[1]) for l in lines[-2:])
-    assert lines[-3].split()[1] == "reward"
-    assert before == pytest.approx(evals[0]["eval_reward"], abs=1e-3)
-    assert after == pytest.approx(evals[-1]["eval_reward"], abs=1e-3)
-    assert sorted(p.name for p in g.Path(cfg.output_dir).glob("metrics*")) == ["metrics.jsonl", "metrics.png"]

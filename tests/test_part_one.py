@@ -43,6 +43,7 @@ def part_one_problems(source: str) -> list[str]:
     have = {a.attr for a in attrs if isinstance(a.ctx, ast.Store)} | {
         f.name for f in step.body if isinstance(f, ast.FunctionDef)
     }
+    have |= {t.id for n in step.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     problems += [
         f"GRPOStep reads self.{name}, which Part I never sets"
         for name in sorted({a.attr for a in attrs if isinstance(a.ctx, ast.Load)} - have)

@@ -726,8 +726,7 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
     data.write_text("".join(json.dumps({"prompt": f"Say {i}:"}) + "\n" for i in range(4)))
     args = ["--output_dir", str(out), "--dataset", str(data), *SMALL]
     assert g.main(args + ["--save_steps", "1"]) == 0
-    written = set(json.loads((out / "model_files.json").read_text()))
-    assert written == _files_save_pretrained_writes(tmp_path)  # the list is what save_pretrained really wrote
+    written = _files_save_pretrained_writes(tmp_path)
     assert written <= {p.name for p in out.iterdir()}
     capsys.readouterr()
     assert g.main(args) == 2
@@ -743,24 +742,8 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
         "metrics.jsonl",
         "grpo_config.json",
         "metrics.png",
-        "model_files.json",
         *written,
     }
-
-
-def test_overwrite_refuses_to_remove_the_data_set_it_reads(tmp_path, capsys):
-    out = tmp_path / "run"
-    (out / "checkpoint-1").mkdir(parents=True)
-    (out / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
-    data = out / "checkpoint-1" / "prompts.jsonl"
-    data.write_text(json.dumps({"prompt": "Say hi:"}) + "\n")
-    assert g.main(["--output_dir", str(out), "--dataset", str(data), "--overwrite_output_dir", *SMALL]) == 2
-    assert error_line(capsys) == (
-        f"error: --output_dir {str(out)!r}: starting a run there would remove "
-        f"{str((out / 'checkpoint-1').resolve())!r}, which holds --dataset {str(data)!r}; "
-        "move the data set or use another --output_dir"
-    )
-    assert data.is_file() and (out / "metrics.jsonl").is_file()  # nothing removed
 
 
 def test_train_twice_in_one_folder_is_refused(cfg_factory):
@@ -783,7 +766,6 @@ def test_a_run_that_crashed_before_its_first_step_is_started_over(cfg_factory, c
     (out / "notes.txt").write_text("mine")
     capsys.readouterr()
     g.run(cfg)  # the fixed command, in the same folder
-    assert "holds a run that finished no step: starting over it" in capsys.readouterr().err
     assert [r["step"] for r in metrics_rows(out) if "eval_reward" not in r] == [1, 2]
     assert (out / "notes.txt").read_text() == "mine"
     with pytest.raises(
