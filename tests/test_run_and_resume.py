@@ -571,7 +571,7 @@ def test_sigterm_finishes_the_step_saves_and_resumes(tmp_path):
     t0 = time.time()
     _, err = proc.communicate(timeout=60)
     assert time.time() - t0 < 30
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 143, err[-2000:]  # 128 + SIGTERM, as a shell reports a stopped process
     rows = training_rows(out)  # every line parses: nothing torn
     last = rows[-1]["step"]
     assert [r["step"] for r in rows] == list(range(1, last + 1))

@@ -101,7 +101,7 @@ def make_reward_recorder(log: list, max_completion_length: int = 0, name: str = 
         entry = {
             "t": time.perf_counter(),
             "reward": sum(rewards) / len(rewards),
-            "chars": sum(len(grpo_ssr._text(c)) for c in completions) / len(completions),
+            "chars": sum(len(grpo_ssr.completion_text(c)) for c in completions) / len(completions),
         }
         if kwargs.get("completion_ids") is not None:  # TRL passes the token ids; ours logs lengths in its metrics
             lengths = [len(ids) for ids in kwargs["completion_ids"]]

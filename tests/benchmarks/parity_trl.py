@@ -72,7 +72,7 @@ def ours(model, batch: dict, loss_type: str, beta: float, bias_correction: bool)
         batch["completion_mask"],
         epsilon_low=EPSILON,
         beta=beta,
-        ref_per_token_logps=batch["ref_per_token_logps"],
+        ref_logps=batch["ref_per_token_logps"],
         loss_type=loss_type,
         use_bias_correction_kl=bias_correction,
         max_completion_length=C,
