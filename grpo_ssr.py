@@ -2263,12 +2263,18 @@ def plot_metrics(output_dir: Path):
         return None
     train, evals = read_metrics(Path(output_dir) / "metrics.jsonl")
     cfg = json.loads((Path(output_dir) / "grpo_config.json").read_text())  # the run's settings, for the title
-    steps, window = [r["step"] for r in train], max(1, len(train) // 20)
+    steps = [r["step"] for r in train]
+    window = max(1, len(train) // 20)  # the thick lines' trailing mean
+    replayed = BUFFER_CLASSES.get(cfg["replay_buffer_class"]) == "SSRReplayBuffer"
     fig = Figure(figsize=(14, 6.5))
     axes = fig.subplots(2, 4, sharex=True)
     panels = [
         (axes[0, 0], ("reward",), "training reward (generation batch)"),
-        (axes[0, 2], ("replay_frac", "frac_zero_adv_trained"), "replay: share of the trained samples"),
+        (
+            axes[0, 2],
+            ("replay_frac", "frac_zero_adv_trained"),
+            "share of the trained samples" + ("" if replayed else ": no replay"),
+        ),
         (axes[0, 3], ("clip_ratio",), "clip_ratio (tokens clipped)"),
         (axes[1, 0], ("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
         (axes[1, 1], ("frac_truncated",), "frac_truncated (no EOS)"),
@@ -2292,9 +2298,9 @@ def plot_metrics(output_dir: Path):
         axes[0, 1].legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("step")
-    buffer = cfg["replay_buffer_class"]
-    ssr = f" ({cfg['ssr_mode']})" if BUFFER_CLASSES.get(buffer) == "SSRReplayBuffer" else ""
-    fig.suptitle(f"model {cfg['model']}   reward {cfg['reward_funcs']}   buffer {buffer}{ssr}", fontsize=11)
+    buffer = cfg["replay_buffer_class"] + (f" ({cfg['ssr_mode']})" if replayed else "")
+    smoothing = f"thin: each step; thick: the mean of the last {window} step(s)"
+    fig.suptitle(f"model {cfg['model']}   reward {cfg['reward_funcs']}   buffer {buffer}   ({smoothing})", fontsize=11)
     fig.tight_layout()
     fig.savefig(Path(output_dir) / "metrics.png", dpi=100)
     return fig

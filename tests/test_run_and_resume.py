@@ -518,18 +518,21 @@ def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
     rows.insert(0, {"step": 0, "eval_reward": -30.0, "eval_greedy_reward": -31.0})
     (out / "metrics.jsonl").write_text("".join(g.json_line(r) for r in rows))
     (out / "grpo_config.json").write_text(json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny"}))
-    assert g.plot_metrics(out).get_suptitle() == "model tiny   reward reward_len   buffer ReplayBuffer"
+    smoothing = "(thin: each step; thick: the mean of the last 2 step(s))"  # 40 steps // 20: stated on the plot
+    plain = g.plot_metrics(out)
+    assert plain.get_suptitle() == f"model tiny   reward reward_len   buffer ReplayBuffer   {smoothing}"
+    assert "share of the trained samples: no replay" in {ax.get_title() for ax in plain.axes}  # why it is empty
     (out / "grpo_config.json").write_text(
         json.dumps({**g.dataclasses.asdict(g.GRPOConfig()), "model": "tiny", "replay_buffer_class": "SSRReplayBuffer"})
     )
     (out / "metrics.png").unlink()
     fig = g.plot_metrics(out)
     assert (out / "metrics.png").stat().st_size > 0
-    assert fig.get_suptitle() == "model tiny   reward reward_len   buffer SSRReplayBuffer (fill)"
+    assert fig.get_suptitle() == f"model tiny   reward reward_len   buffer SSRReplayBuffer (fill)   {smoothing}"
     assert len(fig.axes) == 8  # 2 x 4 panels
     by_title = {ax.get_title(): ax for ax in fig.axes}
     assert {"frac_truncated (no EOS)", "grad_norm (before clipping)"} <= set(by_title)
-    replay = next(ax for title, ax in by_title.items() if title.startswith("replay"))
+    replay = by_title["share of the trained samples"]
     labels = [line.get_label() for line in replay.get_lines()]
     assert "replay_frac" in labels and "frac_zero_adv_trained" in labels
     raw, smoothed = [line.get_ydata() for line in by_title["training reward (generation batch)"].get_lines()]
