@@ -78,6 +78,46 @@ def test_study_checks_reject_other_mistakes(wrong):
         checks.check("S01.1" if callable(wrong) else "S01.2", wrong)
 
 
+def _all_in_the_first(losses, masks):  # the right sum, but the first micro-batch carries every token's loss
+    total = sum((loss * mask).sum() for loss, mask in zip(losses, masks)) / sum(mask.sum() for mask in masks)
+    return [total] + [torch.zeros(())] * (len(losses) - 1)
+
+
+def _naive_aged_probabilities(adv, age, alpha, tau):  # |A| ** alpha with no special case: 0 ** 0 is 1
+    priority = adv.abs().double() ** alpha * torch.exp(-age.double() / tau)
+    return priority / priority.sum()
+
+
+@pytest.mark.parametrize(
+    "exercise, wrong, hint",
+    [
+        ("03.4", _all_in_the_first, "own tokens' losses, each divided by the token count of the whole step"),
+        ("04.3", _naive_aged_probabilities, "With alpha = 0, |0| ** 0 is 1"),
+    ],
+    ids=["03.4 all in the first micro-batch", "04.3 zero to the power zero"],
+)
+def test_checks_catch_the_answers_that_pass_a_weaker_check(exercise, wrong, hint):
+    """03.4 once tested only the sum of the micro-batch losses, and 04.3 never tried alpha = 0 with a zero advantage:
+    these two answers passed. Now each fails with its hint, while the solution passes."""
+    with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: ") as raised:
+        checks.check(exercise, wrong)
+    assert hint in str(raised.value)
+    assert checks.check(exercise, solutions.ANSWERS[exercise]) is True
+
+
+def test_the_two_mistakes_are_right_where_the_old_checks_looked():
+    """The answers above are wrong only where the tightened checks look: their sum is the big batch's loss, and with
+    alpha > 0 they agree with the solution."""
+    losses = [torch.rand(2, 5), torch.rand(3, 5)]
+    masks = [torch.ones(2, 5), torch.ones(3, 5)]
+    assert torch.isclose(sum(_all_in_the_first(losses, masks)), sum(nb03.dapo_micro_batch_losses(losses, masks)))
+    adv, age = torch.tensor([2.0, -1.0, 0.0]), torch.tensor([0.0, 1.0, 2.0])
+    assert torch.allclose(_naive_aged_probabilities(adv, age, 1.0, 2.0), nb04.aged_probabilities(adv, age, 1.0, 2.0))
+    assert not torch.allclose(
+        _naive_aged_probabilities(adv, age, 0.0, 2.0), nb04.aged_probabilities(adv, age, 0.0, 2.0)
+    )
+
+
 def test_every_check_has_a_solution_and_a_wrong_answer():
     assert set(checks.CHECKS) == set(solutions.ANSWERS) == set(WRONG)
 

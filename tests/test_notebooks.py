@@ -225,46 +225,7 @@ def test_notebook_06_names_the_buffer_settings_it_ran_with():
     assert named and set(named) == {cfg.ssr_mode}, f"the prose names ssr_mode {named}; the default is {cfg.ssr_mode}"
 
 
-# A decimal (with its sign) or a percentage, as the prose of a notebook quotes them.
-QUOTED = re.compile(r"-?\d+(?:\.\d+)?%|-?\d+\.\d+")
-
-
-def unquoted_numbers(nb: dict) -> tuple[list[str], list[str]]:
-    """The numbers that the markdown after a notebook's first code cell quotes, and those of them that no code cell's
-    stored output prints (as printed: "0.30" is not "0.3", and "-0.99" needs its minus sign)."""
-    text = lambda part: "".join(part) if isinstance(part, list) else part
-    cells = nb["cells"]
-    first = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
-    prose = " ".join(text(c["source"]) for c in cells[first + 1 :] if c["cell_type"] == "markdown")
-    printed = "\n".join(
-        text(o.get("text", "")) + text(o.get("data", {}).get("text/plain", ""))
-        for c in cells
-        if c["cell_type"] == "code"
-        for o in c.get("outputs", [])
-    )
-    quoted = QUOTED.findall(prose)
-    return quoted, [n for n in dict.fromkeys(quoted) if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", printed)]
-
-
-def test_notebook_08_prose_quotes_its_outputs():
-    """Every figure in notebook 08's prose comes from its own outputs: each decimal and percentage in its markdown
-    (after the set-up cell) is printed by some code cell. The check must fail when a quoted number is changed."""
-    nb = json.loads((NOTEBOOK_DIR / "08_when_grpo_learns_nothing.ipynb").read_text())
-    quoted, missing = unquoted_numbers(nb)
-    assert len(quoted) > 50, f"the prose quotes only {len(quoted)} numbers: did the pattern break?"
-    assert not missing, f"notebook 08's prose quotes numbers that no output prints: {missing}"
-    # change the last digit of the first quoted number: the check must see it
-    first = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code")
-    index, source = next(
-        (i, "".join(c["source"]))
-        for i, c in enumerate(nb["cells"])
-        if i > first and c["cell_type"] == "markdown" and QUOTED.search("".join(c["source"]))
-    )
-    number = QUOTED.search(source).group()
-    last = max(i for i, ch in enumerate(number) if ch.isdigit())
-    changed = number[:last] + str((int(number[last]) + 1) % 10) + number[last + 1 :]
-    nb["cells"][index] = {**nb["cells"][index], "source": source.replace(number, changed, 1)}
-    assert changed in unquoted_numbers(nb)[1], (number, changed)
+# Every number in the notebooks' prose comes from their own outputs: tests/test_notebook_prose.py.
 
 
 def test_tqdm_disable_reaches_the_progress_bar(tmp_path, monkeypatch):

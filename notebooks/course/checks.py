@@ -2,9 +2,10 @@
 
 A check prints whether the answer is right. A wrong answer raises NotYet, which a notebook shows as one line, "exercise
 02.2: not yet: ..." with a hint, and no traceback; `None` (or a function that still returns None) means "not answered
-yet". Number answers are compared with stored references or hashes and functions are tested on hand-computed cases
-and properties, so no check cell shows the solution. This folder, notebooks/course/, is the course's machinery: the
-solutions live in solutions/ beside this file, course_setup.py makes the notebooks run anywhere, and
+yet". Number answers are compared with references written out in this file, so reading it gives them away (a
+notebook's check cell shows only the verdict); three of them (01.1, 01.2 and 06.1) are compared with a hash instead.
+Functions are tested on hand-computed cases and properties. This folder, notebooks/course/, is the course's machinery:
+the solutions live in solutions/ beside this file, course_setup.py makes the notebooks run anywhere, and
 tests/test_exercises.py runs every check against the solutions and against wrong answers.
 """
 
@@ -156,7 +157,26 @@ def _03_3(fn):
     return True
 
 
+def _losses(values) -> torch.Tensor:
+    """A list of scalar losses (tensors or floats) as one float64 tensor."""
+    return torch.stack([torch.as_tensor(x, dtype=torch.float64).detach().reshape(()) for x in values])
+
+
 def _03_4(fn):
+    # by hand: micro-batch losses [[1, 2, (0)]] and [[3, (0), (0)], [1, 1, 1]], padding in brackets; the step has 6
+    # tokens, so the micro-batches' losses are (1 + 2) / 6 and (3 + 1 + 1 + 1) / 6
+    losses = [torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[3.0, 0.0, 0.0], [1.0, 1.0, 1.0]])]
+    masks = [torch.tensor([[1, 1, 0]]), torch.tensor([[1, 0, 0], [1, 1, 1]])]
+    got = fn(losses, masks)
+    if got is None:
+        return None
+    _require(len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}")
+    _close(
+        _losses(got),
+        [0.5, 1.0],
+        1e-6,
+        "Each micro-batch's loss holds only its own tokens' losses, each divided by the token count of the whole step.",
+    )
     g = torch.Generator().manual_seed(0)
     logp = torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1 - 2
     old = logp + torch.randn(6, 7, generator=g, dtype=torch.float64) * 0.1
@@ -166,15 +186,18 @@ def _03_4(fn):
     per_token_loss = -torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None]) * mask
     parts = [slice(0, 2), slice(2, 6)]  # two micro-batches of unequal token counts (8 and 16)
     got = fn([per_token_loss[p] for p in parts], [mask[p] for p in parts])
-    if got is None:
-        return None
-    _require(len(got) == 2, f"expected one loss per micro-batch (2), got {len(got)}")
     want, _ = grpo_ssr.grpo_loss(logp, old, adv, mask, loss_type="dapo")  # the one big batch
     _close(
         sum(torch.as_tensor(x, dtype=torch.float64) for x in got),
         want.item(),
         1e-6,
         "The micro-batch losses must add up to the big batch's: every token of the step weighs the same.",
+    )
+    _close(
+        _losses(got),
+        _losses([per_token_loss[p].sum() / mask.sum() for p in parts]),
+        1e-6,
+        "Each micro-batch's loss holds only its own tokens' losses, each divided by the token count of the whole step.",
     )
     return True
 
@@ -200,6 +223,13 @@ def _04_3(fn):
         return None
     w = torch.tensor([2.0, math.exp(-0.5), math.exp(-1.0), 0.5, 0.0], dtype=torch.float64)
     _close(got, w / w.sum(), 1e-6, "priority = |A|^alpha * exp(-age / tau), then divide by the sum.")
+    w0 = torch.tensor([1.0, math.exp(-0.5), math.exp(-1.0), 1.0, 0.0], dtype=torch.float64)  # alpha = 0: |A|^0 = 1
+    _close(
+        _tensor_fn(fn, adv, age, 0.0, 2.0),
+        w0 / w0.sum(),
+        1e-6,
+        "With alpha = 0, |0| ** 0 is 1 in Python and torch, but a sample with advantage 0 must get probability 0.",
+    )
     buffer = grpo_ssr.SSRReplayBuffer(capacity=4, alpha=2.0)
     buffer.add([{"advantages": a} for a in adv[:4]])
     _close(
