@@ -715,9 +715,9 @@ class GRPOStep:
         outside the buffer, and generates until they fill a batch (a part batch at the cap, where DAPO raises)."""
         cfg = self.cfg
         batches = []
-        kept = []
         dropped = 0
-        while not batches or (len(batches) <= cfg.max_generation_retries and self.dist.any(self.wants_more(kept))):
+        self.batch = []
+        while not batches or (len(batches) <= cfg.max_generation_retries and self.dist.any(self.wants_more())):
             samples = self.generate_batch()
             batches.append(self.generation_metrics)
             if not cfg.dynamic_sampling:
@@ -726,20 +726,19 @@ class GRPOStep:
                 continue
             for i in range(0, len(samples), cfg.num_generations):
                 group = samples[i : i + cfg.num_generations]
-                if len(kept) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
-                    kept += group
+                if len(self.batch) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
+                    self.batch += group
                 else:
                     dropped += 1
         self.generation_metrics = mean_metrics(batches)
         if cfg.dynamic_sampling:
-            self.batch = kept
             self.generation_metrics["groups_dropped"] = float(dropped)
-            self.generation_metrics["frac_batch_filled"] = len(kept) / cfg.generation_batch_size
+            self.generation_metrics["frac_batch_filled"] = len(self.batch) / cfg.generation_batch_size
         return len(batches) - 1
 
-    def wants_more(self, kept: list[dict]) -> bool:
-        if self.cfg.dynamic_sampling:
-            return len(kept) < self.cfg.generation_batch_size
+    def wants_more(self) -> bool:
+        if self.cfg.dynamic_sampling:  # a full batch of groups with spread
+            return len(self.batch) < self.cfg.generation_batch_size
         return not self.can_train()
 
     def can_train(self) -> bool:
