@@ -594,13 +594,7 @@ class GRPOStep:
     dist = Dist()  # Part II's Torchrun under torchrun
 
     def __init__(
-        self,
-        model,
-        tokenizer,
-        reward_funcs: list[Callable],
-        cfg: AlgorithmConfig,
-        dataset: list[dict],
-        reward_weights=None,
+        self, model, tokenizer, reward_funcs: list, cfg: AlgorithmConfig, dataset: list[dict], reward_weights=None
     ):
         self.model = model
         self.tokenizer = tokenizer
