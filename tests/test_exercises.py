@@ -65,6 +65,14 @@ WRONG = {
     "08.3": (1.728, 0.075),  # the population std (ddof 0), not TRL's unbiased one
     "S01.1": _unpaired_bootstrap,
     "S01.2": (0.962, 3.372),  # sample_age over those steps: age is not distance
+    "01.Q": {1: (16, 24), 2: "c", 3: -6},  # the pair swapped
+    "02.Q": {1: "c", 2: 3, 3: "a"},  # NaN for a zero-spread group
+    "03.Q": {1: (1, 0), 2: "b", 3: "b"},  # bnpo divides by each micro-batch's tokens, not the step's
+    "04.Q": {1: 0.75, 2: 1, 3: 6},  # each sample once, whatever num_iterations
+    "05.Q": {1: 8, 2: 1, 3: "b"},  # one micro-batch, not the generation batch
+    "06.Q": {1: "b", 2: 1, 3: "c"},  # the reward, not the advantage
+    "07.Q": {1: "a", 2: "b", 3: "a"},  # the full logits
+    "08.Q": {1: "c", 2: "a", 3: "a"},  # a clipped token at the first iteration is not normal
 }
 
 
@@ -212,3 +220,26 @@ def test_every_check_is_used_by_its_notebook():
             src = "".join(cell["source"])
             used |= {e for e in checks.CHECKS if f'checks.check("{e}"' in src and e.split(".")[0] == prefix}
     assert used == set(checks.CHECKS), f"checks no notebook calls: {sorted(set(checks.CHECKS) - used)}"
+
+
+@pytest.mark.parametrize("exercise", sorted(checks.QUIZZES))
+def test_self_check_names_the_wrong_question(exercise, capsys):
+    """A self-check takes a dict {1: ..., 2: ...} or the answers in order; a wrong answer fails on its own question,
+    with that question's hint, and a missing one says so."""
+    right = solutions.ANSWERS[exercise]
+    assert checks.check(exercise, list(right.values())) is True
+    for number in right:
+        with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: question {number}: got ") as raised:
+            checks.check(exercise, {**right, number: "z"})
+        assert str(raised.value).endswith(checks.QUIZZES[exercise][number - 1][1])
+    with pytest.raises(checks.NotYet, match=f"question {len(right)} has no answer yet"):
+        checks.check(exercise, {k: v for k, v in right.items() if k < len(right)})
+
+
+def test_self_check_answers_are_not_written_in_the_checks():
+    """The self-checks compare hashes: no answer that is a word or a pair appears in checks.py."""
+    source = Path(checks.__file__).read_text()
+    for exercise in checks.QUIZZES:
+        for value in solutions.ANSWERS[exercise].values():
+            if isinstance(value, tuple):
+                assert str(value) not in source and str(list(value)) not in source

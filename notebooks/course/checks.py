@@ -2,7 +2,8 @@
 
 A check prints whether the answer is right. A wrong answer raises NotYet, which a notebook shows as one line, "exercise
 02.2: not yet: ..." with a hint, and no traceback; `None` (or a function that still returns None) means "not answered
-yet". Number answers are compared with references written out in this file, so reading it gives them away (a
+yet". Each course notebook ends with self-check questions, `check("01.Q", {1: ..., 2: ..., 3: ...})`, compared
+with hashes. Number answers are compared with references written out in this file, so reading it gives them away (a
 notebook's check cell shows only the verdict); three of them (01.1, 01.2 and 06.1) are compared with a hash instead.
 Functions are tested on hand-computed cases and properties. This folder, notebooks/course/, is the course's machinery:
 the solutions live in solutions/ beside this file, course_setup.py makes the notebooks run anywhere, and
@@ -11,6 +12,7 @@ tests/test_exercises.py runs every check against the solutions and against wrong
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -424,6 +426,78 @@ def _08_3(answer):
     )
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# Self-checks: two or three short questions at the end of each course notebook, `check("01.Q", {1: ..., 2: ...})`
+# ----------------------------------------------------------------------------------------------------------------------
+
+# One (digest, hint) per question. A digest hashes (id, question number, answer): the answers are not written here.
+QUIZZES: dict[str, list[tuple[str, str]]] = {
+    "01.Q": [
+        ("941c0eedd16e0b99", "Rows i*G to i*G + G - 1 are prompt i's group (generate_completions' docstring)."),
+        ("a5aa664c105ab91e", "Think of where the decode loop writes each new token, for every row at once."),
+        ("4c8039e1dc211190", "reward_len's best reward is 0, at exactly 20 characters; it falls by 1 a character."),
+    ],
+    "02.Q": [
+        ("f1ce50c27c5f240e", "The mean is subtracted first; group_advantages then forces zero-spread groups to 0."),
+        ("05dd883b06342be7", "Subtract the group's mean; scale_rewards 'none' divides by nothing."),
+        ("eca35c2392409d7f", "GRPO has no critic: what does each reward get compared with?"),
+    ],
+    "03.Q": [
+        ("14060d6b8b633bd2", "At the first iteration the old log-probs come from the very weights being trained."),
+        ("14d1ad7735a7b605", "Section 4: which normalisation gives every token of the whole step the same weight?"),
+        ("d4738845a017a0d7", "GRPOStep.__init__ copies the model only when the KL term has a weight above 0."),
+    ],
+    "04.Q": [
+        ("2e83d4e347869b1a", "A zero advantage is never stored; then P(i) = |A_i|^alpha / sum_j |A_j|^alpha."),
+        ("c8f234c8555b217a", "The uniform buffer holds one generation batch and is drawn without replacement."),
+        ("b40a69588a56873a", "fill trains every sample with A != 0 and draws only into the other slots."),
+    ],
+    "05.Q": [
+        ("b3a5b29154b72807", "generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps."),
+        ("daaed21495a36d03", "The micro-batches' gradients add up; how many times does update() run per step?"),
+        ("59b9196ac0abb08f", "Read GRPOStep's docstring: where every sample first trains in the step that made it."),
+    ],
+    "06.Q": [
+        ("ed3644c0e775cb52", "It is the share of the step's groups with zero spread; how many groups are there?"),
+        ("79ddc05106e55acd", "A right answer scores 1, a wrong one 0; subtract the group's mean, divide by nothing."),
+        ("5130ee9e49917a5d", "Read the verdict in the README's Results, or notebooks/study/README.md."),
+    ],
+    "07.Q": [
+        ("51f2ea3400b53ff0", "Section 2: what is the most that exists at a time in HeadLogProbs' backward?"),
+        ("96df90796f8e6d9b", "Section 3: the ratio is exactly 1 only if the log-probs describe the sampler."),
+        ("8fc79fcd718d7dd5", "Section 1: one function decides the device and the autocast for every forward."),
+    ],
+    "08.Q": [
+        ("893a3ddefb6b03f9", "Section 1: the loss is near 0 by construction; its gradient is not."),
+        ("ab9bbfff8d115b83", "Section 2: an instruct model says EOS only through its chat template."),
+        ("eef6f4236dbf6e4f", "Section 4: on-policy, with the sampler the log-probs describe, no token is clipped."),
+    ],
+}
+
+
+def _quiz_value(value):
+    """An answer as compared: a letter in lower case, a number to 3 decimals, a pair as a list."""
+    if isinstance(value, str):
+        return value.strip().lower()
+    if isinstance(value, (list, tuple)):
+        return [_quiz_value(v) for v in value]
+    return round(float(value), 3)
+
+
+def _quiz(exercise: str, answers) -> None:
+    """`answers`: a dict {1: ..., 2: ...} or the answers in order. The first wrong one fails, with its hint."""
+    if not isinstance(answers, dict):
+        answers = dict(enumerate(answers, 1))
+    for number, (digest, hint) in enumerate(QUIZZES[exercise], 1):
+        value = answers.get(number, answers.get(str(number)))
+        _require(value is not None, f"question {number} has no answer yet.")
+        try:
+            normal = _quiz_value(value)
+        except (TypeError, ValueError):
+            normal = None
+        _require(_digest([exercise, number, normal]) == digest, f"question {number}: got {_show(value)}. {hint}")
+
+
 CHECKS: dict[str, Callable] = {
     "01.1": _01_1,
     "01.2": _01_2,
@@ -445,6 +519,7 @@ CHECKS: dict[str, Callable] = {
     "08.3": _08_3,
     "S01.1": _s01_1,
     "S01.2": _s01_2,
+    **{exercise: functools.partial(_quiz, exercise) for exercise in QUIZZES},
 }
 
 

@@ -14,4 +14,8 @@ def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int) -> tor
     return (grouped - others_mean).view(-1)  # (B,); equals G/(G-1) * (r - group mean)
 
 
-ANSWERS = {"02.1": zero_spread_2_1, "02.2": leave_one_out_advantages}
+# 02.Q: (1) all equal rewards: zero spread, advantages exactly 0 (b), not NaN: group_advantages forces them to 0.
+# (2) mean 1, so the fourth gets 4 - 1 = 3, undivided. (3) The group's mean reward is the baseline (a): no critic.
+selfcheck_02 = {1: "b", 2: 3, 3: "a"}
+
+ANSWERS = {"02.1": zero_spread_2_1, "02.2": leave_one_out_advantages, "02.Q": selfcheck_02}

@@ -28,4 +28,14 @@ def dapo_micro_batch_losses(per_token_losses: list, masks: list) -> list:
     return [(loss * m).sum() / step_tokens for loss, m in zip(per_token_losses, masks)]
 
 
-ANSWERS = {"03.1": objective_3_1, "03.2": k3_3_2, "03.3": masked_mean, "03.4": dapo_micro_batch_losses}
+# 03.Q: (1) on-policy the ratio is exactly 1 and no token is clipped: (1, 0). (2) dapo (d) divides by the step's
+# tokens; bnpo by each micro-batch's, grpo per sequence, dr_grpo by a constant. (3) No (b): beta 0 needs no reference.
+selfcheck_03 = {1: (1, 0), 2: "d", 3: "b"}
+
+ANSWERS = {
+    "03.1": objective_3_1,
+    "03.2": k3_3_2,
+    "03.3": masked_mean,
+    "03.4": dapo_micro_batch_losses,
+    "03.Q": selfcheck_03,
+}

@@ -19,4 +19,7 @@ def aged_probabilities(advantages: torch.Tensor, ages: torch.Tensor, alpha: floa
     return priority / priority.sum()
 
 
-ANSWERS = {"04.1": probs_4_1, "04.2": ess_4_2, "04.3": aged_probabilities}
+# 04.Q: (1) the 0 is turned away; P = 3 / (3 + 1) = 0.75. (2) num_iterations times: 2. (3) one draw per zero slot: 6.
+selfcheck_04 = {1: 0.75, 2: 2, 3: 6}
+
+ANSWERS = {"04.1": probs_4_1, "04.2": ess_4_2, "04.3": aged_probabilities, "04.Q": selfcheck_04}

@@ -33,5 +33,9 @@ def zero_spread_share(
     return sum(max(g) == min(g) for g in groups) / len(groups)
 
 
-ANSWERS = {"06.1": totals_6_1, "06.2": strict_answer, "06.3": zero_spread_share}
+# 06.Q: (1) two groups a step: 0, 1/2 or 1 (b). (2) mean 2/8 = 0.25, so a right answer gets 1 - 0.25 = 0.75.
+# (3) replay was not shown to beat plain GRPO on this model, and SSR lost to DAPO (c): notebooks/study/README.md.
+selfcheck_06 = {1: "b", 2: 0.75, 3: "c"}
+
+ANSWERS = {"06.1": totals_6_1, "06.2": strict_answer, "06.3": zero_spread_share, "06.Q": selfcheck_06}
 assert totals_6_1 == (3, 5)

@@ -21,4 +21,9 @@ def first_iteration_ratio(logits: torch.Tensor, k: int) -> torch.Tensor:
 # "group": 0.075 / (0.05 + 1e-4), about 1.497: a 0.1 difference becomes a full-size advantage. "none": 0.075.
 largest_8_3 = (0.075 / (0.05 + 1e-4), 0.075)
 
-ANSWERS = {"08.1": loss_8_1, "08.2": first_iteration_ratio, "08.3": largest_8_3}
+# 08.Q: (1) c: ratio 1 and advantages that sum to 0 per group give a loss near 0 and a non-zero gradient. (2) a: chat
+# messages go through the chat template, after which an instruct model says EOS. (3) b: on-policy clip_ratio is 0
+# unless the sampler (a top-k or top-p) is not the softmax the log-probs describe.
+selfcheck_08 = {1: "c", 2: "a", 3: "b"}
+
+ANSWERS = {"08.1": loss_8_1, "08.2": first_iteration_ratio, "08.3": largest_8_3, "08.Q": selfcheck_08}
