@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "notebooks" / "course"), str(ROOT / "notebooks" / "study")]
 
 import solutions  # noqa: E402
-from solutions import nb02, nb03, nb04, nb06, nb08, study01  # noqa: E402
+from solutions import nb02, nb03, nb04, nb06, nb08, nb09, study01  # noqa: E402
 
 import checks  # noqa: E402
 import grpo_ssr  # noqa: E402
@@ -44,6 +44,14 @@ def _all_wrong_share(completions, answers, num_generations, reward_func=grpo_ssr
     return (rewards.max(1).values == 0).float().mean().item()  # forgets the groups that are all right
 
 
+class _IgnoresItsRule(nb09.RankReplayBuffer):  # declares rank-based draws, but draws as SSR does, P ~ |A|
+    _weights = grpo_ssr.SSRReplayBuffer._weights
+
+
+def _constant_reward(completions, **kwargs):  # never varies: every group has zero spread
+    return [1.0] * len(completions)
+
+
 WRONG = {
     "01.1": 11,  # characters, not bytes
     "01.2": [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]],  # kept the second EOS
@@ -63,6 +71,9 @@ WRONG = {
     "08.1": 0.0,  # "the loss is 0": the lengths weigh the advantages
     "08.2": lambda logits, k: 1 / torch.softmax(logits, -1).topk(k, -1).values.sum(-1),  # pi_sampler / pi
     "08.3": (1.728, 0.075),  # the population std (ddof 0), not TRL's unbiased one
+    "09.1": _plain_mean_baseline,  # the group mean includes the sample itself
+    "09.2": _IgnoresItsRule,
+    "09.3": _constant_reward,
     "S01.1": _unpaired_bootstrap,
     "S01.2": (0.962, 3.372),  # sample_age over those steps: age is not distance
     "01.Q": {1: (16, 24), 2: "c", 3: -6},  # the pair swapped
@@ -111,6 +122,76 @@ def test_checks_catch_the_answers_that_pass_a_weaker_check(exercise, wrong, hint
         checks.check(exercise, wrong)
     assert hint in str(raised.value)
     assert checks.check(exercise, solutions.ANSWERS[exercise]) is True
+
+
+def _loo_for_groups_of_four(rewards, num_generations):  # right on the hand-made groups of 4, wrong in the step (8)
+    return nb09.loo_advantages(rewards, 4)
+
+
+def _loo_with_rounding(rewards, num_generations):  # no special case: a flat group keeps a rounding error, not 0
+    grouped = rewards.view(-1, num_generations)
+    return (grouped - (grouped.sum(1, keepdim=True) - grouped) / (num_generations - 1)).view(-1)
+
+
+class _DrawsEmptySlots(nb09.RankReplayBuffer):  # the rule on the held samples, but a little weight on empty slots
+    def _weights(self):
+        return super()._weights() + 1e-3 * torch.tensor([s is None for s in self.slots], dtype=torch.float64)
+
+
+class _TurnsNothingAway(nb09.RankReplayBuffer):  # stores zero advantages too
+    def add(self, samples):
+        for s in samples:
+            self._store(s)
+
+
+class _UniformOverSlots(nb09.RankReplayBuffer):  # declares "uniform over the held samples", draws by slot weights
+    @staticmethod
+    def expected_probabilities(advantages):
+        return torch.full((len(advantages),), 1 / len(advantages), dtype=torch.float64)
+
+    def _weights(self):  # the right rule on a probe whose slots are contiguous, but weighs by |A| after training
+        held = torch.tensor([s is not None for s in self.slots], dtype=torch.float64)
+        return held if len(self) <= 4 else grpo_ssr.SSRReplayBuffer._weights(self)
+
+
+def _noise_reward(completions, **kwargs):  # varies, but says nothing about the completion: nothing to learn
+    generator = _noise_reward.generator
+    return torch.rand(len(completions), generator=generator).tolist()
+
+
+_noise_reward.generator = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize(
+    "exercise, wrong, hint",
+    [
+        ("09.1", _loo_for_groups_of_four, "the advantages the step stored are not leave-one-out"),
+        ("09.1", _loo_with_rounding, "must get exactly 0"),
+        ("09.2", _DrawsEmptySlots, "0 for an empty slot"),
+        ("09.2", _TurnsNothingAway, "must turn away the two zeros"),
+        ("09.2", _UniformOverSlots, "must give each slot the weight your rule gives its sample"),
+        ("09.3", _noise_reward, "did not go up by 3 times the noise"),
+    ],
+    ids=[
+        "09.1 G fixed at 4",
+        "09.1 rounding",
+        "09.2 empty slots",
+        "09.2 zeros kept",
+        "09.2 rule not followed",
+        "09.3 noise",
+    ],
+)
+def test_notebook_09_checks_catch_what_trains_wrong(exercise, wrong, hint):
+    """The mistakes a hands-on exercise invites: each fails with its own hint (most of them only through the step)."""
+    with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: ") as raised:
+        checks.check(exercise, wrong)
+    assert hint in str(raised.value)
+
+
+def test_notebook_09_checks_leave_the_thread_count_alone():
+    threads = torch.get_num_threads()
+    checks.check("09.1", solutions.ANSWERS["09.1"])
+    assert torch.get_num_threads() == threads
 
 
 def test_the_two_mistakes_are_right_where_the_old_checks_looked():
@@ -208,6 +289,13 @@ def test_solutions_behave_beyond_the_checked_cases():
     )
     assert abs(nb08.loss_8_1 - loss.item()) < 1e-6
     assert torch.allclose(nb08.first_iteration_ratio(torch.randn(3, 9), 9), torch.ones(3, dtype=torch.float64))
+    # leave-one-out is GRPO's centred reward scaled by G / (G - 1); the rank rule puts ties at their best rank
+    r = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    unscaled = grpo_ssr.group_advantages(r, 8, scale_rewards=False)
+    assert torch.allclose(nb09.loo_advantages(r, 8), unscaled * 8 / 7, atol=1e-6)
+    p = nb09.RankReplayBuffer.expected_probabilities(torch.tensor([2.0, -2.0, 1.0]))
+    assert torch.allclose(p, torch.tensor([1.0, 1.0, 1 / 3], dtype=torch.float64) / (7 / 3))
+    assert nb09.reward_lowercase(["ab", "", "A1"]) == [1.0, 0.0, 0.0]
 
 
 def test_every_check_is_used_by_its_notebook():

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 from typing import Any, Callable
+from unittest import mock
 
 import numpy as np
 import torch
@@ -498,6 +499,172 @@ def _quiz(exercise: str, answers) -> None:
         _require(_digest([exercise, number, normal]) == digest, f"question {number}: got {_show(value)}. {hint}")
 
 
+# 09 · hands on: change the algorithm and train
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _one_thread(check: Callable) -> Callable:
+    """Run a check that trains on one thread (the tiny model gains nothing from more), then restore the count."""
+
+    def run(answer):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return check(answer)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+def _tiny_step(reward, steps: int, seed: int = 0, **overrides) -> grpo_ssr.GRPOStep:
+    """A GRPOStep on the tiny model and the built-in prompts, at notebook 09's sizes, seeded."""
+    torch.manual_seed(seed)
+    tok = grpo_ssr.build_tiny_tokenizer()
+    model = grpo_ssr.build_tiny_model(len(tok))
+    settings = dict(per_device_train_batch_size=16, num_generations=8, max_completion_length=24, learning_rate=3e-3)
+    cfg = grpo_ssr.AlgorithmConfig(**{**settings, **overrides, "max_steps": steps, "seed": seed})
+    return grpo_ssr.GRPOStep(model, tok, [reward], cfg, grpo_ssr.builtin_prompts())
+
+
+def _leave_one_out(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """The check's own leave-one-out advantages, in float64: G / (G - 1) * (r - group mean), 0 without spread."""
+    grouped = rewards.double().view(-1, num_generations)
+    adv = (grouped - grouped.mean(dim=1, keepdim=True)) * num_generations / (num_generations - 1)
+    return torch.where(grpo_ssr.zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv).view(-1)
+
+
+@_one_thread
+def _09_1(fn):
+    got = _tensor_fn(fn, torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.0, 2.0]), 4)
+    if got is None:
+        return None
+    _require(got.shape == (8,), f"expected one advantage per completion, shape (8,), got {tuple(got.shape)}")
+    _close(
+        got,
+        [1, -1 / 3, -1 / 3, -1 / 3, 4 / 3, -4 / 3, 0, 0],
+        1e-5,
+        "A_i = r_i - mean of the OTHER G - 1 rewards of its group (not the mean of all G); groups are blocks of G.",
+    )
+    flat = _tensor_fn(fn, torch.tensor([0.3] * 8 + [0.0] * 7 + [1.0]), 8)
+    _require(
+        bool((flat[:8] == 0).all()),
+        f"a group of eight rewards 0.3 got {_show(flat[:8])}: a group without spread must get exactly 0 "
+        "(the division leaves a rounding error; SSR stores every sample whose advantage is not exactly 0)",
+    )
+    # wired into a real step: generate_batch calls the module's group_advantages, so replace it there
+    step = _tiny_step(grpo_ssr.reward_len, steps=2)
+    before = [p.detach().clone() for p in step.model.parameters()]
+    G = step.cfg.num_generations
+    with mock.patch.object(
+        grpo_ssr, "group_advantages", lambda rewards, num_generations, scale_rewards: fn(rewards, num_generations)
+    ):
+        for _ in range(2):
+            step.train_step()
+            stored = torch.stack([torch.as_tensor(s["advantages"]).double().cpu() for s in step.batch])
+            _close(
+                stored,
+                _leave_one_out(step.scored["rewards"], G),
+                1e-4,
+                f"the advantages the step stored are not leave-one-out of its own rewards (G = {G} here): "
+                "does your function work for any group size and any number of groups?",
+            )
+    moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, step.model.parameters()))
+    _require(moved, "the advantages were right but the weights did not move: return a float tensor of shape (B,)")
+    return True
+
+
+def _held(buffer) -> list[dict]:
+    return [s for s in buffer.slots if s is not None]
+
+
+@_one_thread
+def _09_2(cls):
+    cfg = grpo_ssr.AlgorithmConfig(replay_buffer_class="SSRReplayBuffer", ssr_age_decay=0.0)
+    made = lambda capacity, seed: cls(capacity, cfg.ssr_alpha, seed=seed, max_age=cfg.ssr_max_age, age_decay=0.0)
+    probe = made(8, 0)
+    if probe is None:
+        return None
+    _require(isinstance(probe, grpo_ssr.SSRReplayBuffer), "subclass grpo_ssr.SSRReplayBuffer and override _weights()")
+    advantages = [3.0, -1.0, 0.0, 0.5, 1.0, -0.0]
+    probe.add([{"advantages": torch.tensor(a), "step": 0} for a in advantages])
+    weights = probe._weights()
+    held = torch.tensor([float(s["advantages"]) for s in _held(probe)])
+    declared = probe.expected_probabilities(held)
+    if weights is None or declared is None:
+        return None
+    _require(
+        len(probe) == 4 and bool((held != 0).all()),
+        f"the buffer holds {len(probe)} samples of advantages {_show(held)}: it must turn away the two zeros",
+    )
+    declared = torch.as_tensor(declared, dtype=torch.float64)
+    _require(
+        declared.shape == (4,) and bool((declared >= 0).all()) and abs(float(declared.sum()) - 1) < 1e-6,
+        f"expected_probabilities gave {_show(declared)}: one probability per held sample, summing to 1",
+    )
+    _require(
+        not torch.allclose(declared, held.abs().double() / held.abs().sum(), atol=1e-6),
+        "that is SSR's own rule, P(i) ~ |A_i|: declare another one (rank-based, clipped, uniform, ...)",
+    )
+    weights = torch.as_tensor(weights, dtype=torch.float64)
+    _require(
+        weights.shape == (8,) and bool((weights[[i for i, s in enumerate(probe.slots) if s is None]] == 0).all()),
+        f"_weights() gave {_show(weights)}: one weight per slot (capacity 8 here), 0 for an empty slot",
+    )
+    # trained through the real loop: the buffer fills as make_buffer's would, then its own sample() is counted
+    step = _tiny_step(grpo_ssr.reward_len, steps=3, replay_buffer_class="SSRReplayBuffer", ssr_mode="replace")
+    step.buffer = made(step.buffer.capacity, step.cfg.seed)
+    for _ in range(3):
+        step.train_step()
+    held = _held(step.buffer)
+    advantages = torch.tensor([float(s["advantages"]) for s in held])
+    _require(bool((advantages != 0).all()), "a zero-advantage sample was stored: SSR must turn them away")
+    want = torch.as_tensor(step.buffer.expected_probabilities(advantages), dtype=torch.float64)
+    n = 20_000
+    step.buffer.generator.manual_seed(1234)
+    drawn = step.buffer.sample(n)
+    _require(all(s is not None for s in drawn), "sample() drew an empty slot: give empty slots weight 0")
+    _require(all(float(s["advantages"]) != 0 for s in drawn), "sample() drew a zero-advantage sample")
+    where = {id(s): i for i, s in enumerate(held)}
+    counts = torch.bincount(torch.tensor([where[id(s)] for s in drawn]), minlength=len(held)).double()
+    sd = (n * want * (1 - want)).sqrt()
+    z = torch.where(want > 0, (counts - n * want).abs() / sd.clamp(min=1e-12), counts * math.inf)
+    worst = int(z.argmax())
+    _require(
+        float(z.max()) < 5,
+        f"of {n} draws over {len(held)} samples, sample {worst} came {int(counts[worst])} times, "
+        f"but expected_probabilities gives it {float(want[worst]):.4g} ({n * float(want[worst]):.0f} expected, "
+        f"sd {float(sd[worst]):.1f}): _weights() must give each slot the weight your rule gives its sample",
+    )
+    return True
+
+
+@_one_thread
+def _09_3(fn):
+    probe = fn(completions=["hello there", "", "\x00\x01 XYZ"], prompts=["a", "b", "c"])
+    if probe is None:
+        return None
+    _require(len(probe) == 3, f"expected one reward per completion (3), got {_show(probe)}")
+    step = _tiny_step(fn, steps=30)
+    rows = [step.train_step() for _ in range(30)]
+    _require(
+        any(r["reward_std"] > 0 for r in rows),
+        "in 30 steps every completion of a batch got the same reward: without spread in a group every advantage is "
+        "0 and GRPO learns nothing. Choose a reward that varies between the completions of the random model",
+    )
+    rewards = np.array([r["reward"] for r in rows])
+    first, last = rewards[:10], rewards[-10:]
+    gain = last.mean() - first.mean()
+    noise = math.sqrt(first.var(ddof=1) / 10 + last.var(ddof=1) / 10)
+    _require(
+        gain > 0 and gain > 3 * noise,
+        f"the mean reward of steps 1-10 was {first.mean():.4g}, of steps 21-30 {last.mean():.4g} (noise {noise:.2g}): "
+        "it did not go up by 3 times the noise. Make it something the random model sometimes does and could do "
+        "more of, by degrees (a share of characters, a distance to a length) rather than all or nothing",
+    )
+    return True
+
+
 CHECKS: dict[str, Callable] = {
     "01.1": _01_1,
     "01.2": _01_2,
@@ -517,6 +684,9 @@ CHECKS: dict[str, Callable] = {
     "08.1": _08_1,
     "08.2": _08_2,
     "08.3": _08_3,
+    "09.1": _09_1,
+    "09.2": _09_2,
+    "09.3": _09_3,
     "S01.1": _s01_1,
     "S01.2": _s01_2,
     **{exercise: functools.partial(_quiz, exercise) for exercise in QUIZZES},
