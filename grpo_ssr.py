@@ -1712,7 +1712,7 @@ def evaluate(
         torch.manual_seed(seed)
         for s in range(0, len(rows), batch_prompts):
             chunk = rows[s : s + batch_prompts]
-            with autocast():  # one prefill for both modes: the same completions, and less work (bench_eval.py)
+            with autocast():  # one prefill for both modes: the same prompts, run through the model once
                 prompts = prefill(model, tokenizer, prompt_texts(chunk, tokenizer), max_prompt_length)
             for mode, n in (("greedy", 1), ("sampled", num_generations)):
                 with autocast():
