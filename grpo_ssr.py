@@ -1168,14 +1168,13 @@ class Torchrun(Dist):
             tdist.barrier()
 
     def sum_gradients(self, model) -> None:
-        for p in model.parameters():
-            if self.world_size > 1 and p.grad is not None:
+        for p in model.parameters() if self.world_size > 1 else []:
+            if p.grad is not None:
                 tdist.all_reduce(p.grad)
 
     def broadcast_parameters(self, model) -> None:
-        for p in model.parameters():
-            if self.world_size > 1:
-                tdist.broadcast(p.data, src=0)
+        for p in model.parameters() if self.world_size > 1 else []:
+            tdist.broadcast(p.data, src=0)
 
 
 def reduce_metrics(dist: Dist, metrics: dict) -> dict:
