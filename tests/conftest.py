@@ -68,7 +68,7 @@ def tiny():
     return model.eval(), tok
 
 
-def cli(args, cwd, timeout=180):
+def cli(args, cwd, timeout=180, env=None):
     """Run grpo_ssr.py as a separate process, as a user would."""
     return subprocess.run(
         [sys.executable, str(ROOT / "grpo_ssr.py"), *args],
@@ -76,7 +76,7 @@ def cli(args, cwd, timeout=180):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env=env or {**os.environ, "HF_HUB_OFFLINE": "1"},
     )
 
 
@@ -86,6 +86,9 @@ def cli(args, cwd, timeout=180):
 # Most tests train the tiny model on one thread and leave the second core idle. The long runs in processes of their own
 # (the default run, the notebooks, TRL's snippets) start when the session does, two at a time, and the tests that read
 # them go last, so that the long runs have the whole session to finish in.
+# Each long run gets a copy of the environment taken in the main thread. With env=None, a process started from a worker
+# thread reads the C environ array while a test in the main thread may setenv (monkeypatch): glibc then frees that array
+# under the new process, and its exec fails with "[Errno 14] Bad address".
 LONG_RUNS = ("default_run_started", "notebook_runs", "snippet_runs")  # in the order they start
 
 
@@ -110,7 +113,8 @@ def start_long_runs(request):
 @pytest.fixture(scope="session")
 def default_run_started(tmp_path_factory, long_runs):
     cwd = tmp_path_factory.mktemp("default")
-    return long_runs.submit(cli, ["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900), cwd / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return long_runs.submit(cli, ["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900, env=env), cwd / "run"
 
 
 @pytest.fixture(scope="session")
@@ -143,10 +147,10 @@ def notebook_runs(request, long_runs):
     """The notebooks this session selected, each executed top to bottom: path -> future."""
     chosen = [item.callspec.params["path"] for item in request.session.items if "notebook_runs" in item.fixturenames]
     chosen.sort(key=lambda path: path.name != "06_real_model.ipynb")  # the longest (the real model's) first
+    run = [sys.executable, "-c", EXECUTE]
+    env = dict(os.environ)
     return {
-        path: long_runs.submit(
-            subprocess.run, [sys.executable, "-c", EXECUTE, str(path)], capture_output=True, text=True, timeout=1200
-        )
+        path: long_runs.submit(subprocess.run, [*run, str(path)], capture_output=True, text=True, timeout=1200, env=env)
         for path in chosen
     }
 
@@ -227,19 +231,9 @@ def offline_hub(tmp_path_factory, tiny_folder):
     return home
 
 
-def _run_snippet(code: str, home, cwd):
+def _run_snippet(code: str, env: dict, cwd):
     cwd.mkdir()
     (cwd / "snippet.py").write_text(code)
-    env = {
-        **os.environ,
-        "HF_HOME": str(home),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-        "TQDM_DISABLE": "1",
-    }
-    env.pop("HF_HUB_CACHE", None), env.pop("HF_DATASETS_CACHE", None)
     return subprocess.run([sys.executable, "snippet.py"], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -247,8 +241,19 @@ def _run_snippet(code: str, home, cwd):
 def snippet_runs(offline_hub, tmp_path_factory, long_runs):
     """TRL's quick start and the seed pull request's example, each run as a script: name -> (future, folder)."""
     cwd = tmp_path_factory.mktemp("snippets")
+    env = {
+        **os.environ,
+        "HF_HOME": str(offline_hub),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        "TQDM_DISABLE": "1",
+    }
+    env.pop("HF_HUB_CACHE", None)
+    env.pop("HF_DATASETS_CACHE", None)
     return {
-        name: (long_runs.submit(_run_snippet, code, offline_hub, cwd / name), cwd / name)
+        name: (long_runs.submit(_run_snippet, code, env, cwd / name), cwd / name)
         for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))
     }
 
