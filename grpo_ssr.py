@@ -63,12 +63,8 @@ class AlgorithmConfig:
     scale_rewards: str = setting("group", "Divide advantages by the std + 1e-4 of the group (group), batch, or none.")
     loss_type: str = setting("dapo", "The summed token loss is divided by: grpo, bnpo, dr_grpo or dapo (TRL's).")
     epsilon: float = setting(0.2, "Lower clipping range: the ratio is kept above 1 - epsilon (TRL's default 0.2).")
-    epsilon_high: Optional[float] = setting(
-        None, "Upper clipping range, 1 + epsilon_high; default epsilon (DAPO 0.28)."
-    )
-    beta: float = setting(
-        0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's default) needs no copy of it."
-    )
+    epsilon_high: Optional[float] = setting(None, "Upper clipping range: below 1 + this; default epsilon (DAPO 0.28).")
+    beta: float = setting(0.0, "Weight of the k3 KL penalty to the initial model; 0 (TRL's) needs no copy of it.")
     use_bias_correction_kl: bool = setting(True, "Multiply k3 by pi / pi_old: its gradient is then the reverse KL's.")
     per_device_train_batch_size: int = setting(16, "Completions per micro-batch (one forward/backward).")
     gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step; a generation batch fills them.")
@@ -111,52 +107,30 @@ def generate_completions(
     eos_ids: Optional[list[int]] = None,
 ) -> dict[str, torch.Tensor]:
     """`num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group), by a plain KV-cache loop
-    whose sampling rule is exactly `sample_next_token` (`greedy`: the most likely token, for evaluation)."""
-    prefilled = prefill(model, tokenizer, prompts, max_prompt_length, add_special_tokens)
-    return decode(model, tokenizer, prefilled, num_generations, max_completion_length, temperature, greedy, eos_ids)
-
-
-@torch.no_grad()
-def prefill(model, tokenizer, prompts: list[str], max_prompt_length: int, add_special_tokens: bool = True) -> dict:
-    """Each prompt through the model once: left-padded ids and mask, positions, KV cache, next-token logits."""
+    whose sampling rule is exactly `sample_next_token` (`greedy`: the most likely token, for evaluation). Prompts are
+    left-padded, completions right-padded."""
+    G = num_generations
+    C = max_completion_length
     device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
     encoded = tokenizer(
         prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens, return_tensors="pt"
     )
     ids = encoded.input_ids[:, -max_prompt_length:].to(device)  # (P, Tp): keep the end of long prompts
     mask = encoded.attention_mask[:, -max_prompt_length:].to(device)
     positions = positions_from_mask(mask)  # (P, Tp)
+    # Each prompt through the model once; its KV cache is then repeated G times, one copy per completion.
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    return {"ids": ids, "mask": mask, "positions": positions, "cache": out.cache, "logits": out.logits[:, -1]}
-
-
-@torch.no_grad()
-def decode(
-    model,
-    tokenizer,
-    prefilled: dict,
-    num_generations: int,
-    max_completion_length: int,
-    temperature: float = 1.0,
-    greedy: bool = False,
-    eos_ids: Optional[list[int]] = None,
-) -> dict:
-    """Repeat each prompt's cache G times and sample token by token. It grows the cache in place: to draw from the
-    same prompts twice, decode a `copy.deepcopy` of `prefill`'s output. Right-padded completions."""
-    G = num_generations
-    pad = tokenizer.pad_token_id
-    device = prefilled["ids"].device
-    eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
-    cache = prefilled["cache"]
-    cache.batch_repeat_interleave(G)  # (P, ...) -> (P*G, ...): G identical copies of each prompt's cache
-    logits = prefilled["logits"].repeat_interleave(G, dim=0)  # (B, V), B = P * G
-    prompt_ids = prefilled["ids"].repeat_interleave(G, dim=0)  # (B, Tp)
-    prompt_mask = prefilled["mask"].repeat_interleave(G, dim=0)
+    cache = out.cache
+    cache.batch_repeat_interleave(G)  # (P, ...) -> (B, ...), B = P * G
+    logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # (B, V)
+    prompt_ids = ids.repeat_interleave(G, dim=0)  # (B, Tp)
+    prompt_mask = mask.repeat_interleave(G, dim=0)
     B, Tp = prompt_ids.shape
-    C = max_completion_length
     # One token for every row per forward pass. The mask is allocated once and read through growing views.
     mask = torch.cat([prompt_mask, prompt_mask.new_ones(B, C)], dim=1)  # (B, Tp + C)
-    first_position = prefilled["positions"][:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): completion token 0's
+    first_position = positions[:, -1:].repeat_interleave(G, dim=0) + 1  # (B, 1): completion token 0's
     completion_ids = prompt_ids.new_full((B, C), pad)
     ended = torch.zeros(B, dtype=torch.bool, device=device)
     for t in range(C):
@@ -1711,15 +1685,14 @@ def evaluate(
         torch.manual_seed(seed)
         for s in range(0, len(rows), batch_prompts):
             chunk = rows[s : s + batch_prompts]
-            with autocast():  # one prefill for both modes: the same prompts, run through the model once
-                prompts = prefill(model, tokenizer, prompt_texts(chunk, tokenizer), max_prompt_length)
             for mode, n in (("greedy", 1), ("sampled", num_generations)):
                 with autocast():
-                    batch = decode(
+                    batch = generate_completions(
                         model,
                         tokenizer,
-                        copy.deepcopy(prompts) if mode == "greedy" else prompts,
+                        prompt_texts(chunk, tokenizer),
                         n,
+                        max_prompt_length,
                         max_completion_length,
                         temperature,
                         greedy=mode == "greedy",

@@ -45,22 +45,19 @@ def test_evaluate_on_the_tiny_model(tiny):
     assert b["eval_accuracy"] == 0.5 and b["eval_greedy_accuracy"] == pytest.approx(1 / 3)  # binary: accuracy too
 
 
-def test_evaluate_prefills_once_and_draws_what_two_generate_calls_draw(tiny, monkeypatch):
-    """evaluate runs each chunk of prompts through the model once for its greedy and its sampled completions. They
-    are exactly what two separate generate_completions calls give (the second under the evaluation's seed), and the
-    prompts are prefilled once per chunk, not twice."""
+def test_evaluate_draws_what_generate_calls_draw_chunk_by_chunk(tiny):
+    """evaluate scores each chunk of --batch_prompts prompts greedily, then by sampling: exactly what two
+    generate_completions calls a chunk give, under the evaluation's seed."""
     model, tok = tiny
     rows = g.builtin_prompts(heldout=True)[:5]
-    seen, prefills = [], []
-    real_prefill = g.prefill
-    monkeypatch.setattr(g, "prefill", lambda *a, **k: prefills.append(len(a[2])) or real_prefill(*a, **k))
+    seen = []
 
     def spy(completions, prompts, **kw):
         seen.append(list(completions))
         return [0.0] * len(completions)
 
     g.evaluate(model, tok, rows, [spy], num_generations=3, max_completion_length=10, seed=7, batch_prompts=3)
-    assert prefills == [3, 2]  # one prefill per chunk of --batch_prompts
+    assert [len(c) for c in seen] == [3, 9, 2, 6]  # chunks of 3 and 2 prompts: greedy, then 3 sampled a prompt
 
     def texts(batch):
         mask = batch["completion_mask"]
