@@ -15,6 +15,7 @@ with "Departure" marks where the file departs from the paper; the README compare
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import sys
 import time
@@ -104,7 +105,6 @@ def generate_completions(
     temperature: float = 1.0,
     add_special_tokens: bool = True,
     greedy: bool = False,
-    eos_ids: Optional[list[int]] = None,
 ) -> dict[str, torch.Tensor]:
     """`num_generations` completions per prompt (rows i*G ... i*G + G-1 are prompt i's group), by a plain KV-cache loop
     whose sampling rule is exactly `sample_next_token` (`greedy`: the most likely token, for evaluation). Prompts are
@@ -113,7 +113,7 @@ def generate_completions(
     C = max_completion_length
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
-    eos = torch.tensor(eos_token_ids(model, tokenizer) if eos_ids is None else eos_ids, device=device)  # (E,)
+    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)  # (E,)
     encoded = tokenizer(
         prompts, padding=True, padding_side="left", add_special_tokens=add_special_tokens, return_tensors="pt"
     )
@@ -584,10 +584,7 @@ class GRPOStep:
         self.prompt_sampler = PromptSampler(len(dataset), cfg.seed)
         self.buffer = make_buffer(cfg, cfg.seed + self.dist.rank)  # one for each process
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-
-        def schedule(step: int) -> float:
-            return linear_schedule(step, cfg.warmup_steps, cfg.max_steps)
-
+        schedule = functools.partial(linear_schedule, warmup=cfg.warmup_steps, total=cfg.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.ssr_fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
         trains_first_when_made = type(self.buffer) is ReplayBuffer or (self.ssr_fill and cfg.num_iterations == 1)
@@ -738,7 +735,6 @@ class GRPOStep:
                 cfg.max_completion_length,
                 cfg.temperature,
                 add_special_tokens=not chat,  # a chat template writes its own BOS: do not add a second one
-                eos_ids=self.eos_ids,
             )
         self.model.train()
         rewards, per_function, completions = score_generations(
@@ -891,7 +887,6 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
 
 import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
 import difflib  # noqa: E402
-import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
