@@ -980,28 +980,14 @@ class GRPOConfig(AlgorithmConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Each field against its type and LIMITS, however the config is made: max_steps=2.5 or seed=-1 is refused."""
+        """Choices and ranges, however the config is made (the command line's parser checks the types too)."""
         if str(self.scale_rewards).lower() in ("true", "false"):  # TRL's older booleans, from Python or the CLI
             self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
-                value = value.item()
-                setattr(self, f.name, value)
-            kinds = typing.get_args(hints[f.name]) or (hints[f.name],)  # Optional[X]: (X, NoneType)
-            if value is None and type(None) in kinds:
-                continue
-            if not is_a(value, kinds[0]):
-                words = WORDS[kinds[0]] + (" or None" if type(None) in kinds else "")
-                raise ConfigError(f"--{f.name} {value!r} is invalid: must be {words}, not {type(value).__name__}")
-            limit = LIMITS.get(f.name, 0 if kinds[0] in (int, float) else None)
-            if isinstance(limit, tuple) and value not in limit:
-                raise ConfigError(f"--{f.name} {value!r} is invalid: choose one of {', '.join(limit)}")
-            if limit == "> 0" and not value > 0 or isinstance(limit, int) and value < limit:
-                raise ConfigError(
-                    f"--{f.name} {value!r} is invalid: must be {limit if limit == '> 0' else f'>= {limit}'}"
-                )
+        for name, value in vars(self).items():
+            if name in CHOICES and value not in CHOICES[name]:
+                raise ConfigError(f"--{name} {value!r} is invalid: choose one of {', '.join(CHOICES[name])}")
+            if isinstance(value, (int, float)) and not (value > 0 or value == 0 and name not in POSITIVE):
+                raise ConfigError(f"--{name} {value!r} is invalid: must be {'>' if name in POSITIVE else '>='} 0")
         if self.seed >= 2**32:
             raise ConfigError(f"--seed {self.seed} is invalid: must be < 2**32 (NumPy's limit)")
 
@@ -1014,37 +1000,25 @@ def not_a_field(name: str, prefix: str = "") -> str:
 
 
 FROM_PYTHON = "passed from Python"
-WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
-# Each field's choices, or its least value; other numbers must be >= 0.
-LIMITS = {
+CHOICES = {
     "loss_type": LOSS_TYPES,
     "replay_buffer_class": tuple(BUFFER_CLASSES),
     "ssr_mode": SSR_MODES,
     "device": ("auto", "cpu", "cuda"),
     "scale_rewards": ("group", "batch", "none"),
-    "num_generations": 2,
-    **dict.fromkeys(("temperature", "learning_rate", "max_grad_norm"), "> 0"),
-    **dict.fromkeys("max_steps per_device_train_batch_size gradient_accumulation_steps num_iterations".split(), 1),
-    **dict.fromkeys("max_prompt_length max_completion_length logging_steps logits_chunk_size".split(), 1),
-    **dict.fromkeys("ssr_capacity_scalar num_threads save_total_limit eval_num_generations".split(), 1),
 }
-
-
-def is_a(value, kind) -> bool:
-    """isinstance, where an int is a float's value too, a bool is no number, and list[X] takes a list or tuple of X."""
-    if typing.get_origin(kind) is list:
-        return isinstance(value, (list, tuple)) and all(is_a(v, typing.get_args(kind)[0]) for v in value)
-    if kind in (int, float):
-        return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
+# The numbers that must be > 0; every other number must be >= 0.
+POSITIVE = """temperature learning_rate max_grad_norm max_steps per_device_train_batch_size gradient_accumulation_steps
+    num_iterations max_prompt_length max_completion_length logging_steps logits_chunk_size ssr_capacity_scalar
+    num_threads save_total_limit eval_num_generations""".split()
 
 
 def validate_config(cfg: GRPOConfig) -> None:
     """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
-    if cfg.generation_batch_size % cfg.num_generations:
+    if cfg.num_generations < 2 or cfg.generation_batch_size % cfg.num_generations:
         raise ConfigError(
-            f"--num_generations {cfg.num_generations} is invalid: must divide per_device_train_batch_size * "
-            f"gradient_accumulation_steps = {cfg.generation_batch_size}"
+            f"--num_generations {cfg.num_generations} is invalid: must be >= 2 (a group) and divide "
+            f"per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}"
         )
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device: use cpu or auto")
