@@ -1071,16 +1071,14 @@ def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Op
             )
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    if device.type == "cuda":  # emulated bf16 (a T4, a V100) counts by default, and is slow
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-    else:
-        native = cpu_has_bf16()
-    if bf16 is not False and not native and (bf16 or device.type == "cuda"):
-        warnings.warn(
-            f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32", stacklevel=2
-        )
-    if native and (device.type == "cuda" if bf16 is None else bf16):
+    if not (device.type == "cuda" if bf16 is None else bf16):
+        return device, nullcontext
+    # Native bf16 only: emulated (a T4, a V100, most CPUs), it is slow.
+    if torch.cuda.is_bf16_supported(including_emulation=False) if device.type == "cuda" else cpu_has_bf16():
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    warnings.warn(
+        f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32", stacklevel=2
+    )
     return device, nullcontext
 
 
