@@ -1494,10 +1494,8 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
         datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
         datasets.disable_progress_bars()
     try:
-        rows = (
-            datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=name, split=split)
-            if local
-            else datasets.load_dataset(name, split=split)
+        rows = datasets.load_dataset(
+            LOCAL_FORMATS.get(path.suffix, name), data_files=name if local else None, split=split
         )
     except Exception as e:  # a missing file, a malformed one, an unknown Hub id or split, ...
         raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
