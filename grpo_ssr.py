@@ -1516,20 +1516,12 @@ def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
             f"--prompt_column {prompt_column!r} is not a column of {source}; columns: {', '.join(rows[0])}"
         )
     rows = [{**r, "prompt": r[prompt_column]} for r in rows]
-    chat = [
-        isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in p)
-        for p in (r["prompt"] for r in rows)
-    ]
-    for i, prompt in enumerate(r["prompt"] for r in rows):
-        if not prompt or not chat[i] and not isinstance(prompt, str):
+    for i, prompt in enumerate(r["prompt"] for r in rows):  # each a non-empty string, or each chat messages
+        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
+        if not prompt or not (chat or isinstance(prompt, str)) or chat != isinstance(rows[0]["prompt"], list):
             raise ConfigError(
-                f"{source} row {i} (counting from 0): the prompt must be a non-empty string or list of "
-                f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}'
-            )
-        if chat[i] != chat[0]:
-            raise ConfigError(
-                f"{source} row {i} (counting from 0): mixes chat and plain-text prompts (row 0 is the "
-                "other kind); use one kind throughout"
+                f'{source} row {i} (counting from 0): the prompt must be a non-empty string or list of {{"role", '
+                f'"content"}} messages, one kind in every row; not {type(prompt).__name__} {str(prompt)[:40]!r}'
             )
     return rows
 
