@@ -1569,18 +1569,16 @@ class CheckedReward:
     def __init__(self, spec):
         func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
         if isinstance(func, str):
-            module, _, attr = func.rpartition(".")
-            if not (module and attr):
-                raise ConfigError(
-                    f"--reward_funcs {func!r} is invalid: choose from {', '.join(REWARD_FUNCS)}, or give an importable "
-                    "path such as my_module.my_reward"
-                )
             if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
                 sys.path.insert(0, os.getcwd())
-            try:
+            module, _, attr = func.rpartition(".")
+            try:  # ImportError, AttributeError, ValueError for a plain word, or whatever the module raises on import
                 func = getattr(importlib.import_module(module), attr)
-            except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-                raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
+            except Exception as e:
+                raise ConfigError(
+                    f"--reward_funcs {func!r} could not be imported ({one_line(e)}): choose from "
+                    f"{', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward"
+                ) from None
         if not callable(func):
             raise ConfigError(f"--reward_funcs {spec!r} is invalid: give functions, their names, or importable paths")
         self.func = func
@@ -1618,11 +1616,8 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
         for f in (spec.split(",") if isinstance(spec, str) else [spec])
     ]
     given = weights if weights is not None else cfg.reward_weights
-    try:
-        weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
-    except (TypeError, ValueError):
-        weights = None
-    if weights is None or len(weights) != len(funcs):
+    weights = [1.0] * len(funcs) if given is None else [float(w) for w in given]
+    if len(weights) != len(funcs):
         raise ConfigError(
             f"--reward_weights {given!r} is invalid: give {len(funcs)} number(s), one per reward function"
         )
