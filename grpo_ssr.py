@@ -1449,22 +1449,20 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
                 break
             kept.append(sorted({pairs[i], pairs[i][::-1]}))
         cut = round(len(kept) * 0.3)
-        per_level.append(
-            [
-                {
-                    "prompt": [
-                        {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
-                        {"role": "user", "content": f"{a} + {b} ="},
-                    ],
-                    "answer": a + b,
-                    "level": level,
-                }
-                for ordered in (kept[:cut] if heldout else kept[cut:])
-                for a, b in ordered
-            ]
-        )
+        per_level.append([(a, b, level) for ordered in (kept[:cut] if heldout else kept[cut:]) for a, b in ordered])
     longest = max(len(p) for p in per_level)
-    return [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
+    questions = [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
+    return [
+        {
+            "prompt": [
+                {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
+                {"role": "user", "content": f"{a} + {b} ="},
+            ],
+            "answer": a + b,
+            "level": level,
+        }
+        for a, b, level in questions
+    ]
 
 
 def task_prompts(name: str, heldout: bool = False) -> Optional[list[dict]]:
