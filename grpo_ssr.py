@@ -1349,13 +1349,11 @@ def load_model(name: str):
     else:
         path = str(preset_folder(name)) if name in MODEL_PRESETS else os.path.expanduser(name)
         # transformers would take a missing folder for a Hub id, and build a 1-token tokenizer from a folder without one
-        looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-        no_tokenizer = Path(path).is_dir() and not any((Path(path) / f).is_file() for f in tokenizer_files)
-        if looks_local and not Path(path).exists() or no_tokenizer:
+        local = Path(path).is_dir() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+        if local and not any(Path(path).glob("tokenizer*")) and not Path(path, "vocab.json").is_file():
             raise ConfigError(
-                f"--model {name!r}: no such folder, or the folder holds no tokenizer "
-                f"({', '.join(tokenizer_files)}): save it beside the model with save_pretrained"
+                f"--model {name!r}: no such folder, or the folder holds no tokenizer (tokenizer.json, "
+                "tokenizer_config.json, tokenizer.model or vocab.json): save it beside the model with save_pretrained"
             )
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
