@@ -1231,24 +1231,13 @@ def lean_head(model) -> Optional[torch.nn.Linear]:
     return head if model.lean_head_ok else None
 
 
-def lean_logps(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    logits_to_keep: int,
-    temperature: float = 1.0,
-    chunk_size: int = 512,
-) -> torch.Tensor:
+def lean_logps(model, input_ids, attention_mask, logits_to_keep: int, temperature: float = 1.0, chunk_size: int = 512):
     """Part I's per_token_logps, the logits `chunk_size` tokens at a time where lean_head allows. (B, T) -> (B, C)."""
     if (head := lean_head(model)) is None:
         return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
-    hidden = model.base_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,  # (B, T, H)
-        position_ids=positions_from_mask(attention_mask),
-        use_cache=False,
-    ).last_hidden_state
-    hidden = hidden[:, -logits_to_keep - 1 : -1]  # (B, C, H): the state that predicts each completion token
+    positions = positions_from_mask(attention_mask)
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    hidden = out.last_hidden_state[:, -logits_to_keep - 1 : -1]  # (B, C, H): each predicts a completion token
     return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
 
 
