@@ -1065,10 +1065,7 @@ def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Op
     device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one GPU per process
         if "LOCAL_RANK" not in os.environ:
-            raise ConfigError(
-                "WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun, which "
-                "sets both (every rank would share cuda:0)"
-            )
+            raise ConfigError("WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun (a GPU each)")
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     if not (device.type == "cuda" if bf16 is None else bf16):
@@ -1409,8 +1406,8 @@ ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 ARITHMETIC_LEVELS = {
     1: ((0, 9), (0, 9)),  # one digit + one digit: all 100 questions
     2: ((10, 99), (0, 9)),  # two digits + one digit: 100 of them
-    3: ((10, 99), (10, 99)),
-}  # two digits + two digits: 100 of them
+    3: ((10, 99), (10, 99)),  # two digits + two digits: 100 of them
+}
 
 
 def arithmetic_levels(name: str) -> Optional[list[int]]:
