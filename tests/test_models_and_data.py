@@ -176,7 +176,8 @@ def test_data_and_model_problems_name_the_thing_at_fault(tmp_path):
         (["Say hi:", ""], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
         (["Say hi:", 7], "row 1 (counting from 0): the prompt must be a non-empty string or list of"),
         (["Say hi:", {"text": "hi"}], "row 1 (counting from 0): the prompt must be a non-empty string"),
-        ([[{"role": "user", "content": "hi"}], "Say hi:"], "row 1 (counting from 0): mixes chat and plain-text"),
+        ([[{"role": "user", "content": "hi"}], "Say hi:"], "row 1 (counting from 0): the prompt must be a non-empty"),
+        (["Say hi:", [{"role": "user", "content": "hi"}]], "messages, one kind in every row; not list"),
     ],
 )
 def test_bad_prompts_are_refused_naming_the_row(tmp_path, capsys, prompts, message):

@@ -1,4 +1,4 @@
-"""Running it for real (Part II): the config checked up front with one-line errors (every value type-checked, prompt and
+"""Running it for real (Part II): the config checked up front with one-line errors (limits and choices, prompt and
 completion within the model's positions), device and seeds (the record says float32 when bf16 fell back), the Python
 API, main() end to end (what a run writes and prints: what replay did, the metrics figure), SIGTERM and Ctrl-C,
 checkpoints (a half-written one cleaned away), the output folder (a run removes only what a run writes; a crashed run
@@ -94,22 +94,17 @@ def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize(
     "field,value,message",
     [
-        ("max_steps", 2.5, "--max_steps 2.5 is invalid: must be an integer, not float"),
-        ("max_steps", True, "--max_steps True is invalid: must be an integer, not bool"),
-        ("learning_rate", "1e-5", "--learning_rate '1e-5' is invalid: must be a number, not str"),
-        ("per_device_train_batch_size", 8.0, "--per_device_train_batch_size 8.0 is invalid: must be an integer"),
-        ("bf16", "yes", "--bf16 'yes' is invalid: must be true or false"),
-        ("ssr_max_age", 1.5, "--ssr_max_age 1.5 is invalid: must be an integer or None"),
-        ("reward_weights", [1.0, "a"], "--reward_weights [1.0, 'a'] is invalid: must be a list of numbers"),
-        ("max_steps", 0, "--max_steps 0 is invalid: must be >= 1"),  # limits and choices too, when the config is made
+        ("max_steps", 0, "--max_steps 0 is invalid: must be > 0"),
         ("learning_rate", 0.0, "--learning_rate 0.0 is invalid: must be > 0"),
+        ("seed", -1, "--seed -1 is invalid: must be >= 0"),
+        ("temperature", float("nan"), "--temperature nan is invalid: must be > 0"),
         ("loss_type", "ppo", "--loss_type 'ppo' is invalid: choose one of grpo, bnpo, dr_grpo, dapo"),
     ],
 )
-def test_every_value_is_type_checked_naming_the_field(field, value, message):
+def test_limits_and_choices_are_checked_when_the_config_is_made(field, value, message):
     with pytest.raises(g.ConfigError) as e:
         g.GRPOConfig(**{field: value})
-    assert str(e.value) == message or str(e.value).startswith(message)
+    assert str(e.value) == message
 
 
 def test_prompt_and_completion_must_fit_the_models_positions(cfg_factory, tmp_path, capsys, keep_threads):
