@@ -1758,22 +1758,23 @@ class GRPOTrainer(GRPOStep):
 
     def __init__(
         self,
-        cfg: Optional[GRPOConfig] = None,
+        model=None,
         reward_funcs=None,
         args: Optional[GRPOConfig] = None,
         train_dataset=None,
         eval_dataset=None,
         processing_class=None,
         *,
-        model=None,
         reward_weights: Optional[list[float]] = None,
         cli_options: Optional[set[str]] = None,
     ):
-        if not isinstance(cfg, (GRPOConfig, type(None))):  # TRL's first positional argument is the model
-            cfg, model = None, cfg
-        if cfg is not None and args is not None:
-            raise ConfigError("GRPOTrainer: pass the config once, as the first argument or as args=")
-        cfg, dataset, tokenizer = cfg or args or GRPOConfig(), train_dataset, processing_class
+        if isinstance(model, GRPOConfig):  # the config first, as run() passes it
+            if args is not None:
+                raise ConfigError("GRPOTrainer: pass the config once, as the first argument or as args=")
+            args = model
+            model = None
+        cfg = args or GRPOConfig()
+        dataset, tokenizer = train_dataset, processing_class
         if isinstance(model, (str, os.PathLike)):  # a name is a setting: grpo_config.json records it for a resume
             cfg, model = dataclasses.replace(cfg, model=str(model)), None
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
@@ -1821,16 +1822,10 @@ class GRPOTrainer(GRPOStep):
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
         check_positions(cfg, model)
-        low = {
-            str(p.dtype)[6:] for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.half)
-        }
+        low = sorted({str(p.dtype)[6:] for p in model.parameters() if p.dtype in (torch.bfloat16, torch.half)})
         if low:  # from_pretrained's dtype="auto" keeps a checkpoint's bf16; AdamW would round small updates away
             if dist.main:
-                print(
-                    f"note: the model has {'/'.join(sorted(low))} weights: training float32 master weights instead "
-                    "(bf16 belongs in autocast; pass dtype=torch.float32 to from_pretrained to skip this)",
-                    file=sys.stderr,
-                )
+                print(f"note: the model has {'/'.join(low)} weights: training float32 master weights", file=sys.stderr)
             model.float()
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
@@ -1846,8 +1841,8 @@ class GRPOTrainer(GRPOStep):
         super().__init__(model, tokenizer, funcs, cfg, rows, weights)
         if dist.world_size > 1:
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
-        self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
-        self.stop_signal = signal.SIGTERM  # the last signal seen (a rank stopped by another's: TERM)
+        self.resumed_from = None  # the checkpoint loaded
+        self.stop_signal = 0  # the signal that stops the run (the largest any rank saw); 0: none
         self.log_history = []  # metrics.jsonl's lines, all of them
 
     args = property(lambda self: self.cfg)
@@ -1856,9 +1851,9 @@ class GRPOTrainer(GRPOStep):
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
         """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
-        out = Path(output_dir or self.cfg.output_dir)
-        if self.dist.main:
-            save_model_files(self.model, self.tokenizer, out)
+        if self.dist.main:  # over an earlier run's: the same names
+            self.model.save_pretrained(output_dir or self.cfg.output_dir)
+            self.tokenizer.save_pretrained(output_dir or self.cfg.output_dir)
         self.dist.barrier()
 
     def health(self) -> list[str]:
@@ -1908,11 +1903,10 @@ class GRPOTrainer(GRPOStep):
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
 
         def on_signal(signum, frame):
-            self.stop_requested += 1
-            self.stop_signal = signum
-            if self.stop_requested > 1:
+            if self.stop_signal:
                 print("second signal: exiting now", file=sys.stderr)
                 os._exit(130)
+            self.stop_signal = signum
             print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
 
         try:
@@ -1942,40 +1936,36 @@ class GRPOTrainer(GRPOStep):
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
                     write(self.run_evaluation(bar))
                 while self.step < cfg.max_steps:
-                    self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
-                    if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
+                    self.stop_signal = int(self.dist.reduce([float(self.stop_signal)], op="max")[0])
+                    if self.stop_signal:  # a signal seen by any rank stops every rank after the same step
                         break
                     metrics = reduce_metrics(self.dist, self.train_step())
                     write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
-                        bar.set_postfix(
-                            reward=f"{metrics['reward']:.2f}",
-                            loss=f"{metrics.get('loss', 0):.3f}",
-                            buffer=metrics["buffer_size"],
-                        )
+                        bar.set_postfix_str(f"reward {metrics['reward']:.2f}, loss {metrics.get('loss', 0):.3f}")
                         if cfg.log_completions:
                             self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
                         write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
-            if self.stop_requested:
+            if self.stop_signal:
                 path = self.save_checkpoint()
                 if main:
                     print(
                         f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
                         file=sys.stderr,
                     )
-            elif main:
-                save_model_files(self.model, self.tokenizer, out)
+            else:
+                self.save_model()
             if main:
                 plot_metrics(out)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self.dist.barrier()
-        if self.stop_requested:
+        if self.stop_signal:
             raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}", self.stop_signal)
         history = read_metrics(self.log_history[first:])[0]  # this run's training lines
         if main:
@@ -1984,27 +1974,25 @@ class GRPOTrainer(GRPOStep):
             print_outputs(out)
         return history
 
-    def completion_records(self) -> list[dict]:
-        """The latest generation batch, one record per completion: prompt, completion, reward and advantage."""
-        scored = self.scored
-        prompts = [r["prompt"] for r in scored["rows"] for _ in range(self.cfg.num_generations)]
-        records = []
-        for i, (prompt, completion) in enumerate(zip(prompts, scored["completions"])):
-            records.append(
-                {
-                    "prompt": prompt,
-                    "completion": completion_text(completion),
-                    "reward": float(scored["rewards"][i]),
-                    "advantage": float(scored["advantages"][i]),
-                }
-            )
-            for j, f in enumerate(self.reward_funcs):
-                records[-1][f"rewards/{f.__name__}"] = float(scored["per_function"][i, j])
-        return records
-
     def _log_completions(self, bar) -> None:
-        """Append every rank's latest generation batch to completions.jsonl, and print a few under the bar."""
-        rows = [{"step": self.step, **r} for part in self.dist.gather(self.completion_records()) for r in part]
+        """Append every rank's latest generation batch to completions.jsonl, one line per completion (its prompt,
+        reward and advantage), and print a few under the bar."""
+        scored = self.scored
+        records = [
+            {
+                "step": self.step,
+                "prompt": scored["rows"][i // self.cfg.num_generations]["prompt"],
+                "completion": completion_text(completion),
+                "reward": float(scored["rewards"][i]),
+                "advantage": float(scored["advantages"][i]),
+                **{
+                    f"rewards/{f.__name__}": float(scored["per_function"][i, j])
+                    for j, f in enumerate(self.reward_funcs)
+                },
+            }
+            for i, completion in enumerate(scored["completions"])
+        ]
+        rows = [r for part in self.dist.gather(records) for r in part]
         if self.dist.main:
             with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
                 f.write("".join(json_line(r) for r in rows))
@@ -2301,11 +2289,6 @@ def plot_metrics(output_dir: Path):
 def checkpoints(output_dir: str | Path) -> list[Path]:
     found = [p for p in Path(output_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
-
-
-def save_model_files(model, tokenizer, out: Path) -> None:
-    model.save_pretrained(out)  # over an earlier run's: the same names
-    tokenizer.save_pretrained(out)
 
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "metrics.png", "grpo_config.json")
