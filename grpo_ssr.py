@@ -1758,23 +1758,22 @@ class GRPOTrainer(GRPOStep):
 
     def __init__(
         self,
-        model=None,
+        cfg: Optional[GRPOConfig] = None,
         reward_funcs=None,
         args: Optional[GRPOConfig] = None,
         train_dataset=None,
         eval_dataset=None,
         processing_class=None,
         *,
+        model=None,
         reward_weights: Optional[list[float]] = None,
         cli_options: Optional[set[str]] = None,
     ):
-        if isinstance(model, GRPOConfig):  # the config first, as run() passes it
-            if args is not None:
-                raise ConfigError("GRPOTrainer: pass the config once, as the first argument or as args=")
-            args = model
-            model = None
-        cfg = args or GRPOConfig()
-        dataset, tokenizer = train_dataset, processing_class
+        if not isinstance(cfg, (GRPOConfig, type(None))):  # TRL's first positional argument is the model
+            cfg, model = None, cfg
+        if cfg is not None and args is not None:
+            raise ConfigError("GRPOTrainer: pass the config once, as the first argument or as args=")
+        cfg, dataset, tokenizer = cfg or args or GRPOConfig(), train_dataset, processing_class
         if isinstance(model, (str, os.PathLike)):  # a name is a setting: grpo_config.json records it for a resume
             cfg, model = dataclasses.replace(cfg, model=str(model)), None
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
@@ -1879,9 +1878,7 @@ class GRPOTrainer(GRPOStep):
                 autocast=self.autocast,
             )
             metrics = {"step": self.step, **scores}
-            shown = [
-                k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy") if k in scores
-            ]
+            shown = [k for k in scores if k.endswith(("_reward", "_accuracy"))]  # not the lengths and timings
             bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {scores[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
@@ -1901,6 +1898,7 @@ class GRPOTrainer(GRPOStep):
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
+            (out / "metrics.jsonl").touch()  # marks the folder as a run's, for check_output_dir
 
         def on_signal(signum, frame):
             if self.stop_signal:
@@ -1909,6 +1907,12 @@ class GRPOTrainer(GRPOStep):
             self.stop_signal = signum
             print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
 
+        def write(metrics: dict) -> None:
+            self.log_history.append(metrics)
+            if main:  # one write per line, closed at once: never torn by our own exit
+                with open(out / "metrics.jsonl", "a") as log:
+                    log.write(json_line(metrics))
+
         try:
             previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         except ValueError:  # not the main thread (e.g. some notebook runners): signals stay as they were
@@ -1916,23 +1920,7 @@ class GRPOTrainer(GRPOStep):
         first = len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
-            with (
-                open(out / "metrics.jsonl", "a") if main else nullcontext() as log,
-                tqdm(
-                    total=cfg.max_steps,
-                    initial=self.step,
-                    desc="GRPO",
-                    dynamic_ncols=True,
-                    mininterval=0.5,
-                    disable=not main or quiet,
-                ) as bar,
-            ):
-
-                def write(metrics: dict) -> None:
-                    self.log_history.append(metrics)
-                    if main:  # one write per line, flushed: never torn by our own exit
-                        print(json_line(metrics), end="", file=log, flush=True)
-
+            with tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", disable=not main or quiet) as bar:
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
                     write(self.run_evaluation(bar))
                 while self.step < cfg.max_steps:
@@ -2048,12 +2036,9 @@ class GRPOTrainer(GRPOStep):
         path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
         # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        if shared["world_size"] != self.dist.world_size:  # (the buffer's size: resume_config keeps the batch's)
+            raise ConfigError(f"{where} was written by {shared['world_size']} process(es): resume it with as many")
         own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
-        if shared["world_size"] != self.dist.world_size or len(own["buffer"]["slots"]) != self.buffer.capacity:
-            raise ConfigError(
-                f"{where} was written by {shared['world_size']} process(es) with a buffer of "
-                f"{len(own['buffer']['slots'])}; resume it with the same number and buffer"
-            )
         if self.cfg.max_steps < shared["step"]:
             raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {shared['step']}")
         weights = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f, str(self.device)).items()}
@@ -2248,20 +2233,18 @@ def plot_metrics(output_dir: Path):
     replayed = BUFFER_CLASSES.get(cfg["replay_buffer_class"]) == "SSRReplayBuffer"
     fig = Figure(figsize=(14, 6.5))
     axes = fig.subplots(2, 4, sharex=True)
-    panels = [
-        (axes[0, 0], ("reward",), "training reward (generation batch)"),
-        (
-            axes[0, 2],
-            ("replay_frac", "frac_zero_adv_trained"),
-            "share of the trained samples" + ("" if replayed else ": no replay"),
-        ),
-        (axes[0, 3], ("clip_ratio",), "clip_ratio (tokens clipped)"),
-        (axes[1, 0], ("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
-        (axes[1, 1], ("frac_truncated",), "frac_truncated (no EOS)"),
-        (axes[1, 2], ("grad_norm",), "grad_norm (before clipping)"),
-        (axes[1, 3], ("completion_length",), "completion_length (tokens)"),
+    held_out = axes[0, 1]
+    shares = "share of the trained samples" + ("" if replayed else ": no replay")
+    panels = [  # in the order of the panels but the held-out one
+        (("reward",), "training reward (generation batch)"),
+        (("replay_frac", "frac_zero_adv_trained"), shares),
+        (("clip_ratio",), "clip_ratio (tokens clipped)"),
+        (("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
+        (("frac_truncated",), "frac_truncated (no EOS)"),
+        (("grad_norm",), "grad_norm (before clipping)"),
+        (("completion_length",), "completion_length (tokens)"),
     ]
-    for ax, keys, title in panels:
+    for ax, (keys, title) in zip([ax for ax in axes.flat if ax is not held_out], panels):
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
@@ -2272,10 +2255,10 @@ def plot_metrics(output_dir: Path):
         ax.set_title(title, fontsize=9)
     kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
     for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):  # a point per evaluation
-        axes[0, 1].plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
-    axes[0, 1].set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
+        held_out.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
+    held_out.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
     if evals:
-        axes[0, 1].legend(fontsize=8)
+        held_out.legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("step")
     buffer = cfg["replay_buffer_class"] + (f" ({cfg['ssr_mode']})" if replayed else "")
@@ -2295,18 +2278,18 @@ RUN_FILES = ("metrics.jsonl", "completions.jsonl", "metrics.png", "grpo_config.j
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run replaces in --output_dir: what a run writes there. A run that finished a step is replaced only
-    with --overwrite_output_dir; the model files are overwritten by the new model's."""
+    """What a fresh run removes from --output_dir: an earlier run's files (names a run writes), where one left its
+    metrics.jsonl; one that finished a step only with --overwrite_output_dir. The new model's files replace the old."""
     out = Path(cfg.output_dir)
+    if not (out / "metrics.jsonl").exists():  # no run here: nothing to remove
+        return []
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
         raise ConfigError(
             f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
             f"replace it, {resume}or another --output_dir"
         )
-    if not cfg.overwrite_output_dir and not (out / "metrics.jsonl").exists():
-        return []
-    return [out / name for name in RUN_FILES if (out / name).exists()] + checkpoints(out)
+    return [out / name for name in RUN_FILES] + checkpoints(out)
 
 
 def json_line(row: dict) -> str:
@@ -2335,11 +2318,9 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
-    path = (
-        (checkpoints(cfg.output_dir) or [Path(cfg.output_dir) / "checkpoint-*"])[-1]
-        if resume == "last"
-        else Path(resume)
-    )
+    path = Path(resume)
+    if resume == "last":
+        path = (checkpoints(cfg.output_dir) or [Path(cfg.output_dir) / "checkpoint-*"])[-1]
     if not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
         raise ConfigError(f"--resume_from_checkpoint {resume!r}: no checkpoint (trainer_state.pt) at {str(path)!r}")
     saved = json.loads((path / "grpo_config.json").read_text())
