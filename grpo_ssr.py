@@ -1840,7 +1840,6 @@ class GRPOTrainer(GRPOStep):
         super().__init__(model, tokenizer, funcs, cfg, rows, weights)
         if dist.world_size > 1:
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
-        self.resumed_from = None  # the checkpoint loaded
         self.stop_signal = 0  # the signal that stops the run (the largest any rank saw); 0: none
         self.log_history = []  # metrics.jsonl's lines, all of them
 
@@ -1893,7 +1892,7 @@ class GRPOTrainer(GRPOStep):
             for path in old + [*out.glob(".tmp-*")]:
                 _remove(path)
         self.dist.barrier()
-        if cfg.resume_from_checkpoint is not None and self.resumed_from is None:
+        if cfg.resume_from_checkpoint is not None and self.step == 0:  # (not loaded yet: a checkpoint is past 0)
             self.load_checkpoint(cfg.resume_from_checkpoint)
         if main:
             out.mkdir(parents=True, exist_ok=True)
@@ -2075,7 +2074,6 @@ class GRPOTrainer(GRPOStep):
                     with atomic_path(log) as tmp:
                         tmp.write_text("".join(map(json_line, kept)))
             self.log_history = read_lines(out / "metrics.jsonl")
-        self.resumed_from = path
         self.dist.barrier()
 
 
