@@ -1940,10 +1940,7 @@ class GRPOTrainer(GRPOStep):
             if self.stop_signal:
                 path = self.save_checkpoint()
                 if main:
-                    print(
-                        f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
-                        file=sys.stderr,
-                    )
+                    print(f"stopped at step {self.step}; resume with --resume_from_checkpoint {path}", file=sys.stderr)
             else:
                 self.save_model()
             if main:
@@ -2346,9 +2343,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
-        def error(self, message):  # one short line instead of a page of usage
-            print(f"error: {message} (see --help)", file=sys.stderr)
-            sys.exit(2)
+        def error(self, message):  # one short line instead of a page of usage: main() prints it and exits 2
+            raise ConfigError(f"{message} (see --help)")
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0], allow_abbrev=False)
