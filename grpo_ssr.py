@@ -2033,7 +2033,7 @@ class GRPOTrainer(GRPOStep):
         # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         if shared["world_size"] != self.dist.world_size:  # (the buffer's size: resume_config keeps the batch's)
-            raise ConfigError(f"{where} was written by {shared['world_size']} process(es): resume it with as many")
+            raise ConfigError(f"{where}: written by {shared['world_size']} process(es), resumed by the same number")
         own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
         if self.cfg.max_steps < shared["step"]:
             raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {shared['step']}")
