@@ -1708,16 +1708,10 @@ class GRPOTrainer(GRPOStep):
             model, loaded = load_model(cfg.model)
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
         check_positions(cfg, model)
-        low = {
-            str(p.dtype)[6:] for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.half)
-        }
+        low = sorted({str(p.dtype)[6:] for p in model.parameters() if p.dtype in (torch.bfloat16, torch.half)})
         if low:  # from_pretrained's dtype="auto" keeps a checkpoint's bf16; AdamW would round small updates away
             if dist.main:
-                print(
-                    f"note: the model has {'/'.join(sorted(low))} weights: training float32 master weights instead "
-                    "(bf16 belongs in autocast; pass dtype=torch.float32 to from_pretrained to skip this)",
-                    file=sys.stderr,
-                )
+                print(f"note: the model has {'/'.join(low)} weights: training float32 master weights", file=sys.stderr)
             model.float()
         reset_generation_config(model, tokenizer)  # also for a model passed in from Python
         if cfg.disable_dropout:  # sampling runs in eval(), the log-probs in train(): make them the same function
@@ -1733,8 +1727,7 @@ class GRPOTrainer(GRPOStep):
         super().__init__(model, tokenizer, funcs, cfg, rows, weights)
         if dist.world_size > 1:
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
-        self.stop_requested, self.resumed_from = 0, None  # the signals seen; the checkpoint loaded
-        self.stop_signal = signal.SIGTERM  # the last signal seen (a rank stopped by another's: TERM)
+        self.stop_signal = 0  # the signal that stops the run (the largest any rank saw); 0: none
         self.log_history = []  # metrics.jsonl's lines, all of them
 
     args = property(lambda self: self.cfg)
@@ -1743,9 +1736,9 @@ class GRPOTrainer(GRPOStep):
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
         """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
-        out = Path(output_dir or self.cfg.output_dir)
-        if self.dist.main:
-            save_model_files(self.model, self.tokenizer, out)
+        if self.dist.main:  # over an earlier run's: the same names
+            self.model.save_pretrained(output_dir or self.cfg.output_dir)
+            self.tokenizer.save_pretrained(output_dir or self.cfg.output_dir)
         self.dist.barrier()
 
     def health(self) -> list[str]:
@@ -1771,9 +1764,7 @@ class GRPOTrainer(GRPOStep):
                 autocast=self.autocast,
             )
             metrics = {"step": self.step, **scores}
-            shown = [
-                k for k in ("eval_reward", "eval_greedy_reward", "eval_accuracy", "eval_greedy_accuracy") if k in scores
-            ]
+            shown = [k for k in scores if k.endswith(("_reward", "_accuracy"))]  # not the lengths and timings
             bar.write(f"step {self.step} held-out: " + ", ".join(f"{k[5:]} {scores[k]:.3f}" for k in shown))
         self.dist.barrier()
         return metrics
@@ -1788,19 +1779,25 @@ class GRPOTrainer(GRPOStep):
             for path in old + [*out.glob(".tmp-*")]:
                 _remove(path)
         self.dist.barrier()
-        if cfg.resume_from_checkpoint is not None and self.resumed_from is None:
+        if cfg.resume_from_checkpoint is not None and self.step == 0:  # (not loaded yet: a checkpoint is past 0)
             self.load_checkpoint(cfg.resume_from_checkpoint)
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
+            (out / "metrics.jsonl").touch()  # marks the folder as a run's, for check_output_dir
 
         def on_signal(signum, frame):
-            self.stop_requested += 1
-            self.stop_signal = signum
-            if self.stop_requested > 1:
+            if self.stop_signal:
                 print("second signal: exiting now", file=sys.stderr)
                 os._exit(130)
+            self.stop_signal = signum
             print(f"signal {signum}: finishing this step, then saving a checkpoint", file=sys.stderr)
+
+        def write(metrics: dict) -> None:
+            self.log_history.append(metrics)
+            if main:  # one write per line, closed at once: never torn by our own exit
+                with open(out / "metrics.jsonl", "a") as log:
+                    log.write(json_line(metrics))
 
         try:
             previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -1809,60 +1806,37 @@ class GRPOTrainer(GRPOStep):
         first = len(self.log_history)
         quiet = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")  # tqdm.notebook ignores it
         try:
-            with (
-                open(out / "metrics.jsonl", "a") if main else nullcontext() as log,
-                tqdm(
-                    total=cfg.max_steps,
-                    initial=self.step,
-                    desc="GRPO",
-                    dynamic_ncols=True,
-                    mininterval=0.5,
-                    disable=not main or quiet,
-                ) as bar,
-            ):
-
-                def write(metrics: dict) -> None:
-                    self.log_history.append(metrics)
-                    if main:  # one write per line, flushed: never torn by our own exit
-                        print(json_line(metrics), end="", file=log, flush=True)
-
+            with tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", disable=not main or quiet) as bar:
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
                     write(self.run_evaluation(bar))
                 while self.step < cfg.max_steps:
-                    self.stop_requested = int(self.dist.reduce([float(self.stop_requested)], op="max")[0])
-                    if self.stop_requested:  # a signal seen by any rank stops every rank after the same step
+                    self.stop_signal = int(self.dist.reduce([float(self.stop_signal)], op="max")[0])
+                    if self.stop_signal:  # a signal seen by any rank stops every rank after the same step
                         break
                     metrics = reduce_metrics(self.dist, self.train_step())
                     write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
-                        bar.set_postfix(
-                            reward=f"{metrics['reward']:.2f}",
-                            loss=f"{metrics.get('loss', 0):.3f}",
-                            buffer=metrics["buffer_size"],
-                        )
+                        bar.set_postfix_str(f"reward {metrics['reward']:.2f}, loss {metrics.get('loss', 0):.3f}")
                         if cfg.log_completions:
                             self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
                         write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
-            if self.stop_requested:
+            if self.stop_signal:
                 path = self.save_checkpoint()
                 if main:
-                    print(
-                        f"stopped by signal after step {self.step}; resume with --resume_from_checkpoint {path}",
-                        file=sys.stderr,
-                    )
-            elif main:
-                save_model_files(self.model, self.tokenizer, out)
+                    print(f"stopped at step {self.step}; resume with --resume_from_checkpoint {path}", file=sys.stderr)
+            else:
+                self.save_model()
             if main:
                 plot_metrics(out)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self.dist.barrier()
-        if self.stop_requested:
+        if self.stop_signal:
             raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}", self.stop_signal)
         history = read_metrics(self.log_history[first:])[0]  # this run's training lines
         if main:
@@ -1871,27 +1845,25 @@ class GRPOTrainer(GRPOStep):
             print_outputs(out)
         return history
 
-    def completion_records(self) -> list[dict]:
-        """The latest generation batch, one record per completion: prompt, completion, reward and advantage."""
-        scored = self.scored
-        prompts = [r["prompt"] for r in scored["rows"] for _ in range(self.cfg.num_generations)]
-        records = []
-        for i, (prompt, completion) in enumerate(zip(prompts, scored["completions"])):
-            records.append(
-                {
-                    "prompt": prompt,
-                    "completion": completion_text(completion),
-                    "reward": float(scored["rewards"][i]),
-                    "advantage": float(scored["advantages"][i]),
-                }
-            )
-            for j, f in enumerate(self.reward_funcs):
-                records[-1][f"rewards/{f.__name__}"] = float(scored["per_function"][i, j])
-        return records
-
     def _log_completions(self, bar) -> None:
-        """Append every rank's latest generation batch to completions.jsonl, and print a few under the bar."""
-        rows = [{"step": self.step, **r} for part in self.dist.gather(self.completion_records()) for r in part]
+        """Append every rank's latest generation batch to completions.jsonl, one line per completion (its prompt,
+        reward and advantage), and print a few under the bar."""
+        scored = self.scored
+        records = [
+            {
+                "step": self.step,
+                "prompt": scored["rows"][i // self.cfg.num_generations]["prompt"],
+                "completion": completion_text(completion),
+                "reward": float(scored["rewards"][i]),
+                "advantage": float(scored["advantages"][i]),
+                **{
+                    f"rewards/{f.__name__}": float(scored["per_function"][i, j])
+                    for j, f in enumerate(self.reward_funcs)
+                },
+            }
+            for i, completion in enumerate(scored["completions"])
+        ]
+        rows = [r for part in self.dist.gather(records) for r in part]
         if self.dist.main:
             with open(Path(self.cfg.output_dir) / "completions.jsonl", "a") as f:
                 f.write("".join(json_line(r) for r in rows))
@@ -1947,12 +1919,9 @@ class GRPOTrainer(GRPOStep):
         path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
         # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        if shared["world_size"] != self.dist.world_size:  # (the buffer's size: resume_config keeps the batch's)
+            raise ConfigError(f"{where}: written by {shared['world_size']} process(es), resumed by the same number")
         own = torch.load(path / f"rank-{self.dist.rank}.pt", map_location="cpu", weights_only=False)
-        if shared["world_size"] != self.dist.world_size or len(own["buffer"]["slots"]) != self.buffer.capacity:
-            raise ConfigError(
-                f"{where} was written by {shared['world_size']} process(es) with a buffer of "
-                f"{len(own['buffer']['slots'])}; resume it with the same number and buffer"
-            )
         if self.cfg.max_steps < shared["step"]:
             raise ConfigError(f"--max_steps {self.cfg.max_steps} is below the checkpoint's step {shared['step']}")
         weights = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f, str(self.device)).items()}
@@ -1989,7 +1958,6 @@ class GRPOTrainer(GRPOStep):
                     with atomic_path(log) as tmp:
                         tmp.write_text("".join(map(json_line, kept)))
             self.log_history = read_lines(out / "metrics.jsonl")
-        self.resumed_from = path
         self.dist.barrier()
 
 
@@ -2147,20 +2115,18 @@ def plot_metrics(output_dir: Path):
     replayed = BUFFER_CLASSES.get(cfg["replay_buffer_class"]) == "SSRReplayBuffer"
     fig = Figure(figsize=(14, 6.5))
     axes = fig.subplots(2, 4, sharex=True)
-    panels = [
-        (axes[0, 0], ("reward",), "training reward (generation batch)"),
-        (
-            axes[0, 2],
-            ("replay_frac", "frac_zero_adv_trained"),
-            "share of the trained samples" + ("" if replayed else ": no replay"),
-        ),
-        (axes[0, 3], ("clip_ratio",), "clip_ratio (tokens clipped)"),
-        (axes[1, 0], ("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
-        (axes[1, 1], ("frac_truncated",), "frac_truncated (no EOS)"),
-        (axes[1, 2], ("grad_norm",), "grad_norm (before clipping)"),
-        (axes[1, 3], ("completion_length",), "completion_length (tokens)"),
+    held_out = axes[0, 1]
+    shares = "share of the trained samples" + ("" if replayed else ": no replay")
+    panels = [  # in the order of the panels but the held-out one
+        (("reward",), "training reward (generation batch)"),
+        (("replay_frac", "frac_zero_adv_trained"), shares),
+        (("clip_ratio",), "clip_ratio (tokens clipped)"),
+        (("frac_reward_zero_std",), "frac_reward_zero_std (groups with no spread)"),
+        (("frac_truncated",), "frac_truncated (no EOS)"),
+        (("grad_norm",), "grad_norm (before clipping)"),
+        (("completion_length",), "completion_length (tokens)"),
     ]
-    for ax, keys, title in panels:
+    for ax, (keys, title) in zip([ax for ax in axes.flat if ax is not held_out], panels):
         for key, color in zip(keys, ("C0", "C1")):
             raw = [r[key] if isinstance(r.get(key), (int, float)) else math.nan for r in train]
             ax.plot(steps, raw, lw=0.6, alpha=0.35, color=color)
@@ -2171,10 +2137,10 @@ def plot_metrics(output_dir: Path):
         ax.set_title(title, fontsize=9)
     kind = "accuracy" if evals and "eval_accuracy" in evals[0] else "reward"
     for prefix, label in (("eval_", "sampled"), ("eval_greedy_", "greedy")):  # a point per evaluation
-        axes[0, 1].plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
-    axes[0, 1].set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
+        held_out.plot([r["step"] for r in evals], [r[prefix + kind] for r in evals], "o-", label=label)
+    held_out.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
     if evals:
-        axes[0, 1].legend(fontsize=8)
+        held_out.legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("step")
     buffer = cfg["replay_buffer_class"] + (f" ({cfg['ssr_mode']})" if replayed else "")
@@ -2190,27 +2156,22 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
-def save_model_files(model, tokenizer, out: Path) -> None:
-    model.save_pretrained(out)  # over an earlier run's: the same names
-    tokenizer.save_pretrained(out)
-
-
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "metrics.png", "grpo_config.json")
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run replaces in --output_dir: what a run writes there. A run that finished a step is replaced only
-    with --overwrite_output_dir; the model files are overwritten by the new model's."""
+    """What a fresh run removes from --output_dir: an earlier run's files (names a run writes), where one left its
+    metrics.jsonl; one that finished a step only with --overwrite_output_dir. The new model's files replace the old."""
     out = Path(cfg.output_dir)
+    if not (out / "metrics.jsonl").exists():  # no run here: nothing to remove
+        return []
     if any("eval_reward" not in r for r in read_lines(out / "metrics.jsonl")) and not cfg.overwrite_output_dir:
         resume = "--resume_from_checkpoint last to continue it, " if checkpoints(out) else ""
         raise ConfigError(
             f"--output_dir {cfg.output_dir!r} already holds a run; pass --overwrite_output_dir to "
             f"replace it, {resume}or another --output_dir"
         )
-    if not cfg.overwrite_output_dir and not (out / "metrics.jsonl").exists():
-        return []
-    return [out / name for name in RUN_FILES if (out / name).exists()] + checkpoints(out)
+    return [out / name for name in RUN_FILES] + checkpoints(out)
 
 
 def json_line(row: dict) -> str:
@@ -2239,11 +2200,9 @@ def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConf
     resume = cfg.resume_from_checkpoint
     if resume is None:
         return cfg
-    path = (
-        (checkpoints(cfg.output_dir) or [Path(cfg.output_dir) / "checkpoint-*"])[-1]
-        if resume == "last"
-        else Path(resume)
-    )
+    path = Path(resume)
+    if resume == "last":
+        path = (checkpoints(cfg.output_dir) or [Path(cfg.output_dir) / "checkpoint-*"])[-1]
     if not (path / "trainer_state.pt").is_file():  # written with grpo_config.json, atomically
         raise ConfigError(f"--resume_from_checkpoint {resume!r}: no checkpoint (trainer_state.pt) at {str(path)!r}")
     saved = json.loads((path / "grpo_config.json").read_text())
@@ -2271,9 +2230,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
-        def error(self, message):  # one short line instead of a page of usage
-            print(f"error: {message} (see --help)", file=sys.stderr)
-            sys.exit(2)
+        def error(self, message):  # one short line instead of a page of usage: main() prints it and exits 2
+            raise ConfigError(f"{message} (see --help)")
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0], allow_abbrev=False)
