@@ -949,9 +949,16 @@ class GRPOConfig(AlgorithmConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
-        """Choices and ranges, however the config is made (the command line's parser checks the types too)."""
+        """Types, choices and ranges, however the config is made: max_steps=2.5 or seed=-1 is refused."""
         if str(self.scale_rewards).lower() in ("true", "false"):  # TRL's older booleans, from Python or the CLI
             self.scale_rewards = "group" if str(self.scale_rewards).lower() == "true" else "none"
+        for name, hint in typing.get_type_hints(type(self)).items():
+            kind = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Union else hint  # Optional[X]: X
+            value = getattr(self, name)
+            if not (is_a(value, kind) or value is None and kind is not hint):
+                words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(kind)
+                words = words or "a list of numbers"
+                raise ConfigError(f"--{name} {value!r} is invalid: must be {words}, not {type(value).__name__}")
         for name, value in vars(self).items():
             if name in CHOICES and value not in CHOICES[name]:
                 raise ConfigError(f"--{name} {value!r} is invalid: choose one of {', '.join(CHOICES[name])}")
@@ -959,6 +966,15 @@ class GRPOConfig(AlgorithmConfig):
                 raise ConfigError(f"--{name} {value!r} is invalid: must be {'>' if name in POSITIVE else '>='} 0")
         if self.seed >= 2**32:
             raise ConfigError(f"--seed {self.seed} is invalid: must be < 2**32 (NumPy's limit)")
+
+
+def is_a(value, kind) -> bool:
+    """isinstance, where an int is a float's value too, a bool is no number, and list[X] takes a list of numbers."""
+    if typing.get_origin(kind) is list:
+        return isinstance(value, (list, tuple)) and all(is_a(v, float) for v in value)
+    if kind in (int, float):
+        return isinstance(value, int if kind is int else (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 def not_a_field(name: str, prefix: str = "") -> str:

@@ -1,8 +1,8 @@
-"""Running it for real (Part II): the config checked up front with one-line errors (limits and choices, prompt and
-completion within the model's positions), device and seeds (the record says float32 when bf16 fell back), the Python
-API, main() end to end (what a run writes and prints: what replay did, the metrics figure), SIGTERM and Ctrl-C,
-checkpoints (a half-written one cleaned away), the output folder (a run removes only what a run writes; a crashed run
-does not lock it), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
+"""Running it for real (Part II): the config checked up front with one-line errors (types, limits and choices, prompt
+and completion within the model's positions), device and seeds (the record says float32 when bf16 fell back), the
+Python API, main() end to end (what a run writes and prints: what replay did, the metrics figure), SIGTERM and
+Ctrl-C, checkpoints (a half-written one cleaned away), the output folder (a run removes only what a run writes; a
+crashed run does not lock it), resume (a checkpoint knows its run), and the CLI (--help, unknown flags)."""
 
 import contextlib
 import json
@@ -94,6 +94,17 @@ def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
 @pytest.mark.parametrize(
     "field,value,message",
     [
+        ("max_steps", 2.5, "--max_steps 2.5 is invalid: must be an integer, not float"),
+        ("max_steps", True, "--max_steps True is invalid: must be an integer, not bool"),
+        ("learning_rate", "1e-5", "--learning_rate '1e-5' is invalid: must be a number, not str"),
+        (
+            "per_device_train_batch_size",
+            8.0,
+            "--per_device_train_batch_size 8.0 is invalid: must be an integer, not float",
+        ),
+        ("bf16", "yes", "--bf16 'yes' is invalid: must be true or false, not str"),
+        ("ssr_max_age", 1.5, "--ssr_max_age 1.5 is invalid: must be an integer, not float"),
+        ("reward_weights", [1.0, "a"], "--reward_weights [1.0, 'a'] is invalid: must be a list of numbers, not list"),
         ("max_steps", 0, "--max_steps 0 is invalid: must be > 0"),
         ("learning_rate", 0.0, "--learning_rate 0.0 is invalid: must be > 0"),
         ("seed", -1, "--seed -1 is invalid: must be >= 0"),
@@ -101,7 +112,7 @@ def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
         ("loss_type", "ppo", "--loss_type 'ppo' is invalid: choose one of grpo, bnpo, dr_grpo, dapo"),
     ],
 )
-def test_limits_and_choices_are_checked_when_the_config_is_made(field, value, message):
+def test_types_limits_and_choices_are_checked_when_the_config_is_made(field, value, message):
     with pytest.raises(g.ConfigError) as e:
         g.GRPOConfig(**{field: value})
     assert str(e.value) == message
