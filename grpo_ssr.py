@@ -541,7 +541,9 @@ class Dist:
     """This process's place in a run, the only one; Part II's `Torchrun` spans several. `reduce` sums (or maxes) each
     value over the processes (each must pass as many), `sum_gradients` each gradient, once a step."""
 
-    world_size, rank, main = 1, 0, True
+    world_size = 1
+    rank = 0
+    main = True
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         return list(values)
@@ -1102,7 +1104,9 @@ class Torchrun(Dist):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             if not tdist.is_initialized():
                 tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-            self.world_size, self.rank, self.main = tdist.get_world_size(), tdist.get_rank(), tdist.get_rank() == 0
+            self.world_size = tdist.get_world_size()
+            self.rank = tdist.get_rank()
+            self.main = tdist.get_rank() == 0
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         if self.world_size == 1:
@@ -1135,7 +1139,8 @@ def reduce_metrics(dist: Dist, metrics: dict) -> dict:
     """One metrics line for the whole job: each number summed or averaged over the ranks, unless all ranks agree."""
     if dist.world_size == 1:
         return metrics
-    per_rank, out = dist.gather(metrics), dict(metrics)
+    per_rank = dist.gather(metrics)
+    out = dict(metrics)
     for key, value in metrics.items():
         values = [m.get(key, math.nan) for m in per_rank]
         if key in ("completions", "buffer_size", "zero_adv_rejected", "reward_nan", "loss"):  # counts; loss: parts
@@ -1185,7 +1190,8 @@ class HeadLogProbs(torch.autograd.Function):
 
 def chunked_head_logps(hidden, head: torch.nn.Linear, targets, temperature: float, chunk_size: int) -> torch.Tensor:
     """HeadLogProbs, `chunk_size` tokens at a time: at most one (chunk_size, V) logits exists. (B, C, H) -> (B, C)."""
-    flat_h, flat_t = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    flat_h = hidden.reshape(-1, hidden.size(-1))
+    flat_t = targets.reshape(-1)
     pieces = [
         HeadLogProbs.apply(flat_h[s : s + chunk_size], head.weight, head.bias, flat_t[s : s + chunk_size], temperature)
         for s in range(0, flat_h.size(0), chunk_size)
@@ -1200,11 +1206,13 @@ def lean_head(model) -> Optional[torch.nn.Linear]:
         return None
     if not hasattr(model, "lean_head_ok"):  # probed once per model, and the answer kept on it
         ids = (torch.arange(1, 9, device=head.weight.device) * 7919 % head.out_features)[None]  # (1, 8): spread out
-        inputs, training = dict(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False), model.training
+        inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+        training = model.training
         model.eval()
         try:
             with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
-                full, lean = model(**inputs).logits, head(model.base_model(**inputs).last_hidden_state)  # (1, 8, V)
+                full = model(**inputs).logits  # (1, 8, V)
+                lean = head(model.base_model(**inputs).last_hidden_state)
         finally:
             model.train(training)
         model.lean_head_ok = full.shape == lean.shape and torch.allclose(
@@ -1608,9 +1616,12 @@ def evaluate(
     """Mean weighted reward, completion length and (for 0/1 rewards) accuracy of one greedy and `num_generations`
     sampled completions a prompt. It samples from its own stream seeded with `seed`: training's draws are untouched."""
     weights = reward_weights or [1.0] * len(reward_funcs)
-    device, was_training, start = next(model.parameters()).device, model.training, time.perf_counter()
+    device = next(model.parameters()).device
+    was_training = model.training
+    start = time.perf_counter()
     model.eval()
-    scores, lengths = {"greedy": [], "sampled": []}, {"greedy": [], "sampled": []}
+    scores = {"greedy": [], "sampled": []}
+    lengths = {"greedy": [], "sampled": []}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for s in range(0, len(rows), batch_prompts):
@@ -1676,7 +1687,9 @@ class GRPOTrainer(GRPOStep):
             cfg, model = None, cfg
         if cfg is not None and args is not None:
             raise ConfigError("GRPOTrainer: pass the config once, as the first argument or as args=")
-        cfg, dataset, tokenizer = cfg or args or GRPOConfig(), train_dataset, processing_class
+        cfg = cfg or args or GRPOConfig()
+        dataset = train_dataset
+        tokenizer = processing_class
         if isinstance(model, (str, os.PathLike)):  # a name is a setting: grpo_config.json records it for a resume
             cfg, model = dataclasses.replace(cfg, model=str(model)), None
         names = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
@@ -1789,7 +1802,9 @@ class GRPOTrainer(GRPOStep):
         """Train for max_steps, writing metrics.jsonl, checkpoints and the model (rank 0 alone); return the metrics."""
         from tqdm.auto import tqdm
 
-        cfg, out, main = self.cfg, Path(self.cfg.output_dir), self.dist.main
+        cfg = self.cfg
+        out = Path(cfg.output_dir)
+        main = self.dist.main
         old = [] if cfg.resume_from_checkpoint is not None else check_output_dir(cfg)  # again: runs since __init__
         if main:  # a fresh run replaces what an earlier one wrote; a hard exit's half-written .tmp-* folders go too
             for path in old + [*out.glob(".tmp-*")]:
@@ -1932,7 +1947,8 @@ class GRPOTrainer(GRPOStep):
         """Restore everything save_checkpoint wrote, and cut metrics.jsonl and completions.jsonl back to its step."""
         from safetensors.torch import load_file
 
-        path, where = Path(path), f"--resume_from_checkpoint {str(path)!r}"  # a checkpoint, as resume_config checked
+        path = Path(path)  # a checkpoint, as resume_config checked
+        where = f"--resume_from_checkpoint {str(path)!r}"
         # onto the CPU: Generator states and SSR's priorities live there; the optimizer moves its state where it needs
         shared = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         if shared["world_size"] != self.dist.world_size:  # (the buffer's size: resume_config keeps the batch's)
@@ -1957,10 +1973,14 @@ class GRPOTrainer(GRPOStep):
         vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
         self.buffer.generator.set_state(own["buffer_generator"])  # the samples on the training device, it on the CPU
         vars(self.prompt_sampler).update(own["prompt_sampler"])
-        self.step, self.counters, self.batch = shared["step"], shared["counters"], [to_device(s) for s in own["batch"]]
-        self.sample_uid, self.generation_metrics = own["sample_uid"], own["generation_metrics"]
+        self.step = shared["step"]
+        self.counters = shared["counters"]
+        self.batch = [to_device(s) for s in own["batch"]]
+        self.sample_uid = own["sample_uid"]
+        self.generation_metrics = own["generation_metrics"]
         set_rng_states(own["rng"], self.device)
-        out, saved = Path(self.cfg.output_dir), json.loads((path / "grpo_config.json").read_text())["max_steps"]
+        out = Path(self.cfg.output_dir)
+        saved = json.loads((path / "grpo_config.json").read_text())["max_steps"]
         if self.dist.main:
             if saved != self.cfg.max_steps:
                 print(
@@ -1993,7 +2013,9 @@ def mean_of(rows: list[dict], key: str) -> float:
 
 def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) -> list[str]:
     """One line per failure the metrics (as read_metrics splits them) show, with its fix; none when all is well."""
-    lines, late, quarter = [], train[len(train) // 2 :], max(2, len(train) // 4)
+    lines = []
+    late = train[len(train) // 2 :]
+    quarter = max(2, len(train) // 4)
     if (truncated := mean_of(late, "frac_truncated")) > TRUNCATED:
         lines.append(
             f"{truncated:.0%} of completions in the second half of training hit --max_completion_length "
@@ -2252,7 +2274,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     parser = Parser(GRPOConfig, description=__doc__.split("\n\n")[0], allow_abbrev=False)
     bf16 = parser._option_string_actions["--bf16"]  # Optional[bool]: make a bare --bf16 mean true, as for the others
-    bf16.nargs, bf16.const = "?", True
+    bf16.nargs = "?"
+    bf16.const = True
     cfg, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         flag = unknown[0].split("=")[0]
@@ -2269,7 +2292,8 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
 def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
     """Build the trainer (it resolves and checks the config first), say in one line what will run, and train."""
     trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
-    c, ran = trainer.cfg, trainer.record_of_run  # the record names what was passed from Python, too
+    c = trainer.cfg
+    ran = trainer.record_of_run  # the record names what was passed from Python, too
     replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
     if trainer.dist.main:
         print(
