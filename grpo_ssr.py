@@ -197,17 +197,8 @@ def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
     ]
 
 
-# 2. The reward: TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or None) each.
-
-
-def reward_len(completions: list, **kwargs) -> list[float]:
-    """-|20 - number of characters|: best possible is 0, a 20-character completion (the seed's example)."""
-    return [-float(abs(20 - len(completion_text(c)))) for c in completions]
-
-
-def completion_text(completion) -> str:
-    """A completion is a string, or (for chat prompts) a list with one assistant message."""
-    return completion if isinstance(completion, str) else completion[0]["content"]
+# 2. Scoring: a reward function has TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or
+# None) each. The seed's length reward and the others are a run's choice: Part II holds them.
 
 
 def score_generations(
@@ -1507,7 +1498,17 @@ def load_eval_prompts(cfg: GRPOConfig) -> Optional[list[dict]]:
     return rows[: cfg.eval_max_prompts] if rows and cfg.eval_max_prompts else rows
 
 
-# --- The other rewards, and resolving them ----------------------------------------------------------------------------
+# --- The rewards: the seed's length reward, two others, and resolving them --------------------------------------------
+
+
+def reward_len(completions: list, **kwargs) -> list[float]:
+    """-|20 - number of characters|: best possible is 0, a 20-character completion (the seed's example)."""
+    return [-float(abs(20 - len(completion_text(c)))) for c in completions]
+
+
+def completion_text(completion) -> str:
+    """A completion is a string, or (for chat prompts) a list with one assistant message."""
+    return completion if isinstance(completion, str) else completion[0]["content"]
 
 
 def reward_len_binary(completions: list, **kwargs) -> list[float]:
