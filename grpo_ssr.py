@@ -1455,6 +1455,8 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
     local = path.suffix in LOCAL_FORMATS
     if path.is_file() and not local:
         raise ConfigError(f"--dataset {name!r}: unsupported file type; use {', '.join(LOCAL_FORMATS)}")
+    level = datasets.logging.get_verbosity()  # datasets' settings are the user's: put back as they were
+    bars = datasets.is_progress_bar_enabled()
     if local:  # datasets' progress bars and error logs would bury our one-line message; a local file needs neither
         datasets.logging.set_verbosity(datasets.logging.CRITICAL + 10)
         datasets.disable_progress_bars()
@@ -1464,6 +1466,10 @@ def load_prompts(name: str, split: str = "train", prompt_column: str = "prompt")
         )
     except Exception as e:  # a missing file, a malformed one, an unknown Hub id or split, ...
         raise ConfigError(f"--dataset {name!r} could not be read: {one_line(e)}") from None
+    finally:
+        datasets.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
     return prepare_rows(rows, prompt_column, f"--dataset {name!r}")
 
 

@@ -232,3 +232,22 @@ def test_a_malformed_jsonl_gives_one_line_naming_the_file(tmp_path, capsys):
     line = error_line(capsys)
     assert re.fullmatch(rf"error: --dataset {re.escape(repr(str(doc)))} could not be read: \w+: \S.*", line), line
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+def test_reading_a_local_file_leaves_datasets_logging_as_it_was(tmp_path):
+    """datasets is quiet while it reads a local file, good or bad; then its settings (the user's) come back."""
+    import datasets
+
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "a"}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"} trailing\n')
+    datasets.logging.set_verbosity_info()
+    datasets.enable_progress_bars()
+    try:
+        assert g.load_prompts(str(good)) == [{"prompt": "a"}]
+        with pytest.raises(g.ConfigError):
+            g.load_prompts(str(bad))
+        assert datasets.logging.get_verbosity() == datasets.logging.INFO and datasets.is_progress_bar_enabled()
+    finally:
+        datasets.logging.set_verbosity_warning()
