@@ -1593,12 +1593,11 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
         for f in (spec.split(",") if isinstance(spec, str) else [spec])
     ]
     given = weights if weights is not None else cfg.reward_weights
-    weights = [1.0] * len(funcs) if given is None else [float(w) for w in given]
-    if len(weights) != len(funcs):
+    if given is not None and not (is_a(given, list[float]) and len(given) == len(funcs)):
         raise ConfigError(
             f"--reward_weights {given!r} is invalid: give {len(funcs)} number(s), one per reward function"
         )
-    return funcs, weights
+    return funcs, [1.0] * len(funcs) if given is None else [float(w) for w in given]
 
 
 # --- Evaluation on held-out prompts -----------------------------------------------------------------------------------

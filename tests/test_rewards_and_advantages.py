@@ -190,6 +190,13 @@ def test_weighted_reward_functions(cfg_factory):
     assert all(float(s["advantages"]) == 0.0 for s in samples)
 
 
+@pytest.mark.parametrize("weights", [[1.0, "a"], [1.0], "12"])
+def test_reward_weights_passed_to_the_trainer_must_be_one_number_a_function(cfg_factory, weights):
+    with pytest.raises(g.ConfigError) as e:
+        g.GRPOTrainer(cfg_factory(), reward_funcs=[g.reward_len, g.reward_len_binary], reward_weights=weights)
+    assert str(e.value) == f"--reward_weights {weights!r} is invalid: give 2 number(s), one per reward function"
+
+
 def test_nan_and_none_rewards_are_no_score(cfg_factory):
     def patchy(completions, **kw):
         return [math.nan if i % 4 == 0 else (None if i % 4 == 1 else 1.0) for i in range(len(completions))]
