@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 import sys
 import time
 import warnings
@@ -24,9 +25,13 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+# OpenMP's idle threads spin while they wait for work; beside another busy process they fight it for the cores and a
+# step takes several times as long. PASSIVE makes them sleep. It only counts before torch loads OpenMP; yours wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 # ======================================================================================================================
 # Part I: the algorithm. One optimizer step, `GRPOStep.train_step` (section 7), does in order:
@@ -879,10 +884,10 @@ def mean_metrics(batches: list[dict]) -> dict[str, float]:
 # ======================================================================================================================
 
 import dataclasses  # noqa: E402 (Part II's own imports: Part I needs none of them)
+import datetime  # noqa: E402
 import difflib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
@@ -900,7 +905,10 @@ import torch.distributed as tdist  # noqa: E402
 
 
 class ConfigError(ValueError):
-    """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2."""
+    """A bad option, file, model or reward function: main() prints the message on one line and exits with status 2.
+    Under torchrun rank 0 prints it, and any rank whose own training step raised it (`rank_local`)."""
+
+    rank_local = False
 
 
 @dataclass
@@ -934,6 +942,7 @@ class GRPOConfig(AlgorithmConfig):
     save_steps: int = setting(0, "Write output_dir/checkpoint-{step} every this many steps; 0 saves none.")
     save_total_limit: Optional[int] = setting(None, "Keep only the newest this many checkpoints; default keeps all.")
     resume_from_checkpoint: Optional[str] = setting(None, "A checkpoint folder, or 'last': continue that run.")
+    ddp_timeout: int = setting(1800, "torchrun: seconds a rank waits for the others; rank 0 evaluates and saves alone.")
 
     def __new__(cls, *args, **kwargs):  # before __init__, which answers an option it lacks with a bare TypeError
         unknown = [name for name in kwargs if name not in cls.__dataclass_fields__]
@@ -988,7 +997,7 @@ CHOICES = {
 # The numbers that must be > 0; every other number must be >= 0.
 POSITIVE = """temperature learning_rate max_grad_norm max_steps per_device_train_batch_size gradient_accumulation_steps
     num_iterations max_prompt_length max_completion_length logging_steps logits_chunk_size ssr_capacity_scalar
-    num_threads save_total_limit eval_num_generations""".split()
+    num_threads save_total_limit eval_num_generations ddp_timeout""".split()
 
 
 def validate_config(cfg: GRPOConfig) -> None:
@@ -998,6 +1007,8 @@ def validate_config(cfg: GRPOConfig) -> None:
             f"--num_generations {cfg.num_generations} is invalid: must be >= 2 (a group) and divide "
             f"per_device_train_batch_size * gradient_accumulation_steps = {cfg.generation_batch_size}"
         )
+    if Path(cfg.output_dir).exists() and not Path(cfg.output_dir).is_dir():
+        raise ConfigError(f"--output_dir {cfg.output_dir!r} is a file: name a folder (made if missing)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device 'cuda' is invalid: no CUDA device: use cpu or auto")
     if cfg.dynamic_sampling and BUFFER_CLASSES[cfg.replay_buffer_class] != "ReplayBuffer":
@@ -1017,6 +1028,18 @@ def check_positions(cfg: GRPOConfig, model) -> None:
             f"--max_prompt_length {cfg.max_prompt_length} + --max_completion_length "
             f"{cfg.max_completion_length} = {total} exceeds the model's {limit} positions: lower one"
         )
+
+
+@contextmanager
+def during(phase: str, rank: Optional[int] = None):
+    """A one-line error raised in `phase` (the held-out pass, a training step) names it; and the rank, where it may
+    be that rank's alone (its own prompts and rewards in a training step under torchrun)."""
+    try:
+        yield
+    except ConfigError as e:
+        error = ConfigError(f"{phase}{'' if rank is None else f' on rank {rank}'}: {e}")
+        error.rank_local = rank is not None
+        raise error from None
 
 
 def one_line(e: BaseException) -> str:
@@ -1090,11 +1113,12 @@ def set_rng_states(states: dict, device: torch.device) -> None:
 class Torchrun(Dist):
     """Part I's Dist over torch.distributed when torchrun starts several processes, with gather and barrier too."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, timeout: int = 1800):
         self.device = device
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             if not tdist.is_initialized():
-                tdist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+                backend = "nccl" if device.type == "cuda" else "gloo"
+                tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
             self.world_size = tdist.get_world_size()
             self.rank = tdist.get_rank()
             self.main = tdist.get_rank() == 0
@@ -1116,10 +1140,26 @@ class Torchrun(Dist):
         if self.world_size > 1:
             tdist.barrier()
 
-    def sum_gradients(self, model) -> None:
-        for p in model.parameters() if self.world_size > 1 else []:
-            if p.grad is not None:
-                tdist.all_reduce(p.grad)
+    def sum_gradients(self, model, bucket_size: int = 2**25) -> None:
+        """Sum the gradients in a few flat buckets of about bucket_size numbers, the same calls on every rank: where no
+        token of this rank reached a parameter, zeros stand in; it stays None only where no rank has a gradient."""
+        params = [p for p in model.parameters() if p.requires_grad] if self.world_size > 1 else []
+        if not params:
+            return
+        anywhere = self.reduce([float(p.grad is not None) for p in params], "max")
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        buckets = [[]]
+        for g in grads:
+            if sum(x.numel() for x in buckets[-1]) >= bucket_size:
+                buckets.append([])
+            buckets[-1].append(g)
+        for bucket in buckets:
+            flat = torch.cat([g.flatten() for g in bucket])
+            tdist.all_reduce(flat)
+            for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
+                g.copy_(part.view_as(g))
+        for p, g, had in zip(params, grads, anywhere):
+            p.grad = g if had else None
 
     def broadcast_parameters(self, model) -> None:
         for p in model.parameters() if self.world_size > 1 else []:
@@ -1712,7 +1752,7 @@ class GRPOTrainer(GRPOStep):
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)
         device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg, model))
-        dist = Torchrun(device)
+        dist = Torchrun(device, cfg.ddp_timeout)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
         rows = (
@@ -1744,6 +1784,7 @@ class GRPOTrainer(GRPOStep):
             tokenizer = loaded if tokenizer is None else tokenizer  # TRL's model name with processing_class
         check_positions(cfg, model)
         low = sorted({str(p.dtype)[6:] for p in model.parameters() if p.dtype in (torch.bfloat16, torch.half)})
+        self.arrived_dtype = getattr(torch, low[0]) if low else None  # the saved model goes back to it
         if low:  # from_pretrained's dtype="auto" keeps a checkpoint's bf16; AdamW would round small updates away
             if dist.main:
                 print(f"note: the model has {'/'.join(low)} weights: training float32 master weights", file=sys.stderr)
@@ -1760,6 +1801,8 @@ class GRPOTrainer(GRPOStep):
         self.autocast = autocast
         self.logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
         super().__init__(model, tokenizer, funcs, cfg, rows, weights)
+        if self.ref_model is not None and ran_bf16:  # frozen: no float32 master weights, half the memory
+            self.ref_model.to(torch.bfloat16)
         if dist.world_size > 1:
             torch.manual_seed(cfg.seed + dist.rank)  # sampling differs per rank
         self.stop_signal = 0  # the signal that stops the run (the largest any rank saw); 0: none
@@ -1770,11 +1813,30 @@ class GRPOTrainer(GRPOStep):
     state = property(lambda self: TrainerState(self.step, self.cfg.max_steps, self.log_history))  # TRL's, no epochs
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
-        """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does."""
+        """Save the model and tokenizer with save_pretrained into output_dir (default --output_dir), as TRL does; a
+        model that arrived in bf16 (or fp16) is saved in it, its float32 master weights rounded."""
+        out = output_dir or self.cfg.output_dir
+        arrived = self.arrived_dtype
         if self.dist.main:  # over an earlier run's: the same names
-            self.model.save_pretrained(output_dir or self.cfg.output_dir)
-            self.tokenizer.save_pretrained(output_dir or self.cfg.output_dir)
+            state = None if arrived is None else {k: v.to(arrived) for k, v in self.model.state_dict().items()}
+            self.model.save_pretrained(out, state_dict=state)
+            if arrived is not None:  # save_pretrained wrote the dtype of the weights in memory
+                self.model.config.dtype = arrived
+                self.model.config.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
         self.dist.barrier()
+
+    def start_line(self) -> str:
+        """What will run, in one line: the same from the command line and from Python."""
+        c = self.cfg
+        ran = self.record_of_run  # the record names what was passed from Python, too
+        replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
+        return (
+            f"model {ran['model']} on {self.device} ({ran['precision']}); task {ran['dataset']}, reward "
+            f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
+            f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
+            f"{Path(c.output_dir) / 'grpo_config.json'}"
+        )
 
     def health(self) -> list[str]:
         """The health report of this run so far (see `health_report`): one line per failure its metrics show."""
@@ -1818,7 +1880,9 @@ class GRPOTrainer(GRPOStep):
         self.dist.barrier()
         if cfg.resume_from_checkpoint is not None and self.step == 0:  # (not loaded yet: a checkpoint is past 0)
             self.load_checkpoint(cfg.resume_from_checkpoint)
+        made = not out.exists()  # a folder this run makes: removed again if the run is refused before its first step
         if main:
+            print(self.start_line(), flush=True)
             out.mkdir(parents=True, exist_ok=True)
             (out / "grpo_config.json").write_text(json.dumps(self.record_of_run, indent=2) + "\n")
             (out / "metrics.jsonl").touch()  # marks the folder as a run's, for check_output_dir
@@ -1845,12 +1909,14 @@ class GRPOTrainer(GRPOStep):
         try:
             with tqdm(total=cfg.max_steps, initial=self.step, desc="GRPO", disable=not main or quiet) as bar:
                 if self.eval_rows and self.step == 0:  # the held-out score before any training
-                    write(self.run_evaluation(bar))
-                while self.step < cfg.max_steps:
-                    self.stop_signal = int(self.dist.reduce([float(self.stop_signal)], op="max")[0])
-                    if self.stop_signal:  # a signal seen by any rank stops every rank after the same step
+                    with during("the held-out pass at step 0"):
+                        write(self.run_evaluation(bar))
+                while True:  # every rank agrees after each step, the last too, whether a signal stops the run
+                    stopped = int(self.dist.reduce([float(self.stop_signal)], op="max")[0])
+                    if stopped or self.step == cfg.max_steps:
                         break
-                    metrics = reduce_metrics(self.dist, self.train_step())
+                    with during(f"training step {self.step + 1}", self.dist.rank if self.dist.world_size > 1 else None):
+                        metrics = reduce_metrics(self.dist, self.train_step())
                     write(metrics)
                     bar.update(1)
                     if self.step % cfg.logging_steps == 0:
@@ -1858,10 +1924,11 @@ class GRPOTrainer(GRPOStep):
                         if cfg.log_completions:
                             self._log_completions(bar)
                     if self.eval_rows and (self.step % cfg.eval_steps == 0 or self.step == cfg.max_steps):
-                        write(self.run_evaluation(bar))
+                        with during(f"the held-out pass at step {self.step}"):
+                            write(self.run_evaluation(bar))
                     if cfg.save_steps and self.step % cfg.save_steps == 0:
                         self.save_checkpoint()
-            if self.stop_signal:
+            if stopped:
                 path = self.save_checkpoint()
                 if main:
                     print(f"stopped at step {self.step}; resume with --resume_from_checkpoint {path}", file=sys.stderr)
@@ -1869,18 +1936,22 @@ class GRPOTrainer(GRPOStep):
                 self.save_model()
             if main:
                 plot_metrics(out)
+        except ConfigError:
+            if main and self.step == 0:  # refused before its first step: nothing it wrote stays behind
+                for path in [out] if made else [out / name for name in RUN_FILES]:
+                    _remove(path)
+            raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self.dist.barrier()
-        if self.stop_signal:
-            raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}", self.stop_signal)
-        history = read_metrics(self.log_history[first:])[0]  # this run's training lines
-        if main:
-            for line in summary_lines(history, cfg) + self.health():
+        if stopped:
+            raise TrainingStopped(f"stopped by signal after step {self.step} of {cfg.max_steps}", stopped)
+        if main:  # the whole run, the steps before a resume too
+            for line in summary_lines(read_metrics(self.log_history)[0], cfg) + self.health():
                 print(line)
             print_outputs(out)
-        return history
+        return read_metrics(self.log_history[first:])[0]  # this run's training lines
 
     def _log_completions(self, bar) -> None:
         """Append every rank's latest generation batch to completions.jsonl, one line per completion (its prompt,
@@ -2100,7 +2171,9 @@ def summary_lines(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
         f"{mean_of(rows[-n:], 'reward'):.3g} at the end; truncated completions "
         f"{mean_of(rows[:n], 'frac_truncated'):.0%} -> {mean_of(rows[-n:], 'frac_truncated'):.0%} ({len(rows)} steps)"
     ]
-    if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
+    if BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer" and not any("replay_frac" in r for r in rows):
+        lines.append(f"replay (SSR, {cfg.ssr_mode}): nothing trained, so nothing was replayed")
+    elif BUFFER_CLASSES[cfg.replay_buffer_class] == "SSRReplayBuffer":
         lines.append(
             f"replay (SSR, {cfg.ssr_mode}): {mean_of(rows, 'replay_frac'):.1%} of trained samples replayed "
             f"(replay_frac), {mean_of(rows, 'frac_zero_adv_trained'):.1%} trained with advantage 0; "
@@ -2236,7 +2309,7 @@ def print_outputs(out: Path) -> None:
 
 # On resume these may differ from the checkpoint's settings; any other that differs is refused.
 MAY_CHANGE_ON_RESUME = """max_steps save_steps save_total_limit logging_steps log_completions num_completions_to_print
-    output_dir overwrite_output_dir resume_from_checkpoint device logits_chunk_size num_threads""".split()
+    output_dir overwrite_output_dir resume_from_checkpoint device logits_chunk_size num_threads ddp_timeout""".split()
 
 
 def resume_config(cfg: GRPOConfig, given: Optional[set[str]] = None) -> GRPOConfig:
@@ -2296,27 +2369,16 @@ def parse_cli(argv: Optional[list[str]] = None) -> tuple[GRPOConfig, set[str]]:
 
 
 def run(cfg: GRPOConfig, cli_options: Optional[set[str]] = None, **trainer_kwargs) -> list[dict]:
-    """Build the trainer (it resolves and checks the config first), say in one line what will run, and train."""
-    trainer = GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs)
-    c = trainer.cfg
-    ran = trainer.record_of_run  # the record names what was passed from Python, too
-    replay = "plain GRPO" if BUFFER_CLASSES[c.replay_buffer_class] == "ReplayBuffer" else f"SSR ({c.ssr_mode})"
-    if trainer.dist.main:
-        print(
-            f"model {ran['model']} on {trainer.device} ({ran['precision']}); task {ran['dataset']}, reward "
-            f"{ran['reward_funcs']}; {replay}{', dynamic sampling' if c.dynamic_sampling else ''}; "
-            f"{c.max_steps} step(s) of {c.generation_batch_size} completions; every setting: "
-            f"{Path(c.output_dir) / 'grpo_config.json'}",
-            flush=True,
-        )
-    return trainer.train()
+    """Build the trainer (it resolves and checks the config first) and train."""
+    return GRPOTrainer(cfg, cli_options=cli_options, **trainer_kwargs).train()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     try:
         run(*parse_cli(argv))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if e.rank_local or int(os.environ.get("RANK", "0")) == 0:  # under torchrun, once
+            print(f"error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # by a signal, after its checkpoint and the line that says how to resume
         return 128 + e.signum

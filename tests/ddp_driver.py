@@ -7,14 +7,25 @@ MODE "dynamic": a few steps of --dynamic_sampling where rank 0 keeps every group
 train different numbers of micro-batches; each rank saves its parameters and metrics to OUT_DIR/dynamic-{rank}.pt.
 MODE "fixed": for each loss type, one step on fixed completions (the same 16 samples for any world size, split between
 the ranks); rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed-{loss_type}-{world}.pt. In one
-process it also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what DDP's
-averaging gives) to OUT_DIR/fixed-{loss_type}-1x2.pt.
+process it also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what summing
+the ranks' gradients, each divided by the number of ranks, gives) to OUT_DIR/fixed-{loss_type}-1x2.pt.
+MODE "signal": SIGTERM reaches rank 1 alone, during the last step; each rank writes its exit code to
+OUT_DIR/exit-{rank}.txt.
+MODE "grad": a parameter that only rank 0's forward reaches (an unused expert on rank 1); each rank saves its parameters
+to OUT_DIR/grad-{rank}.pt.
+MODE "collectives": runs through every branch a step and a run can take (skipped, empty and non-finite steps, dynamic
+sampling, evaluation, checkpoints, completions, a stop signal) and writes each rank's sequence of collectives to
+OUT_DIR/collectives-{rank}.json.
 """
 
+import json
+import os
+import signal
 import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as tdist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo_ssr as g  # noqa: E402
@@ -85,6 +96,9 @@ def main(out_dir: str, mode: str) -> None:
             out / f"dynamic-{trainer.dist.rank}.pt",
         )
         return
+    modes = {"signal": stop_in_the_last_step, "grad": gradient_on_rank_0_only, "collectives": log_collectives}
+    if mode in modes:
+        return modes[mode](out)
     world = int(g.os.environ.get("WORLD_SIZE", "1"))
     for loss_type in g.LOSS_TYPES:
         grads, trainer = one_step(out, loss_type, world, None)
@@ -96,6 +110,97 @@ def main(out_dir: str, mode: str) -> None:
         if world == 1:  # each half on its own: the gradients 2 ranks would compute before DDP averages them
             halves = [one_step(out, loss_type, 2, r)[0] for r in range(2)]
             torch.save({"grads": [sum(gs) / 2 for gs in zip(*halves)]}, out / f"fixed-{loss_type}-1x2.pt")
+
+
+RANK = int(os.environ.get("RANK", "0"))
+QUICK = ["--device", "cpu", "--per_device_train_batch_size", "8", "--num_generations", "4"]
+QUICK += ["--max_completion_length", "4", "--eval_steps", "0", "--overwrite_output_dir"]
+
+
+def sigterm_on_rank_1_in_step(step: int) -> None:
+    """Patch train_step so that rank 1 alone receives SIGTERM during step `step` (counted from 1)."""
+    real = g.GRPOTrainer.train_step
+
+    def train_step(self):
+        if RANK == 1 and self.step + 1 == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self)
+
+    g.GRPOTrainer.train_step = train_step
+
+
+def stop_in_the_last_step(out: Path) -> None:
+    sigterm_on_rank_1_in_step(3)
+    code = g.main([*QUICK, "--max_steps", "3", "--output_dir", str(out / "run")])
+    (out / f"exit-{RANK}.txt").write_text(str(code))
+
+
+def gradient_on_rank_0_only(out: Path) -> None:
+    model, tok = g.load_model("tiny")
+    model.extra = torch.nn.Parameter(torch.zeros(()))  # scales the last hidden states on rank 0 only: no gradient on 1
+    model.model.norm.register_forward_hook(lambda m, args, hidden: hidden * (1 + model.extra) if RANK == 0 else hidden)
+    cfg = g.GRPOConfig(output_dir=str(out / "run"), max_steps=2, eval_steps=0, device="cpu", num_generations=4)
+    cfg = g.dataclasses.replace(cfg, per_device_train_batch_size=8, max_completion_length=4, overwrite_output_dir=True)
+    trainer = g.GRPOTrainer(cfg, model=model, processing_class=tok)
+    trainer.train()
+    torch.save({n: p.detach() for n, p in trainer.model.named_parameters()}, out / f"grad-{RANK}.pt")
+
+
+def log_collectives(out: Path) -> None:
+    log = []
+    for name in ("all_reduce", "broadcast", "barrier", "all_gather_object"):
+        real = getattr(tdist, name)
+
+        def logged(*args, _real=real, _name=name, **kwargs):
+            t = args[0] if args and torch.is_tensor(args[0]) else None
+            log.append([_name, None if t is None else [list(t.shape), str(t.dtype)]])
+            return _real(*args, **kwargs)
+
+        setattr(tdist, name, logged)
+    real_loss = g.grpo_loss
+    losses = []
+
+    def infinite_once_on_rank_1(*args, **kwargs):  # the second loss of the run, on rank 1 only
+        loss, stats = real_loss(*args, **kwargs)
+        losses.append(loss)
+        return (loss * float("inf") if RANK == 1 and len(losses) == 2 else loss), stats
+
+    g.grpo_loss = infinite_once_on_rank_1
+    runs = {  # each takes its branch on one rank only, or on every rank after the ranks agree
+        "empty steps, a non-finite step": ["--skip_empty_steps", "--reward_funcs", "ddp_driver.flat_every_other_call"],
+        "skipped steps (SSR)": ["--replay_buffer_class", "ssr", "--reward_funcs", "ddp_driver.flat_on_rank_1"],
+        "dynamic sampling": ["--dynamic_sampling", "--reward_funcs", "ddp_driver.uneven_spread"],
+        "evaluation, checkpoints": ["--eval_steps", "2", "--eval_max_prompts", "4", "--save_steps", "2"],
+        "completions, beta": ["--log_completions", "--beta", "0.1", "--gradient_accumulation_steps", "2"],
+    }
+    for name, flags in runs.items():
+        log.append(["run", name])
+        losses.clear()
+        g.run(*g.parse_cli([*QUICK, "--max_steps", "4", *flags, "--output_dir", str(out / "run")]))
+    log.append(["run", "a stop signal on rank 1 in step 2"])
+    sigterm_on_rank_1_in_step(2)
+    try:  # (not main(), which ends the process group)
+        g.run(*g.parse_cli([*QUICK, "--max_steps", "4", "--output_dir", str(out / "run")]))
+    except g.TrainingStopped as e:
+        assert e.signum == signal.SIGTERM
+    (out / f"collectives-{RANK}.json").write_text(json.dumps(log))
+
+
+CALLS = []
+
+
+def flat_every_other_call(completions, **kwargs) -> list[float]:
+    """A spread in every group on odd calls, none on even ones: every other step is empty on every rank."""
+    CALLS.append(1)
+    return [float(i % 4 if len(CALLS) % 2 else 1) for i in range(len(completions))]
+
+
+def flat_on_rank_1(completions, **kwargs) -> list:
+    """Rank 0: a spread in every group. Rank 1: none (and no score for its first group): with SSR it has nothing
+    to train on, generates again, and every rank skips the step."""
+    if RANK == 0:
+        return [float(i % 4) for i in range(len(completions))]
+    return [None if i < 4 else 1.0 for i in range(len(completions))]
 
 
 def uneven_spread(completions, **kwargs) -> list[float]:
@@ -136,7 +241,7 @@ def one_step(out: Path, loss_type: str, world: int, share=None):
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    if g.os.environ.get("WORLD_SIZE", "1") != "1":
+    if g.os.environ.get("WORLD_SIZE", "1") != "1" and torch.distributed.is_initialized():  # main() ends it itself
         # rank 0 may still be saving: tearing gloo down under it can abort the other rank ("terminate called
         # without an active exception", seen once on a loaded 2-core machine)
         torch.distributed.barrier()

@@ -1,5 +1,6 @@
 """torchrun with 2 CPU processes (gloo): the CLI runs, ranks stay in step, N ranks equal one big batch, resume works."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import torch
 from conftest import ROOT, training_rows
 
 pytestmark = pytest.mark.slow
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
 
 
 def torchrun(*args, nproc=2, timeout=300):
@@ -107,10 +108,43 @@ def test_two_ranks_give_the_update_of_one_big_batch(fixed, loss_type):
 
 
 def test_bnpo_divides_each_rank_by_its_own_tokens(fixed):
-    """As TRL: each rank's bnpo loss is divided by that rank's own token count and DDP averages the gradients. So two
+    """As TRL: each rank's bnpo loss is divided by that rank's own token count and by the number of ranks, and the
+    ranks' gradients are summed. So two
     ranks give the mean of each share's own bnpo gradient, which differs from one big batch's (the shares hold 37
     and 42 tokens)."""
     two, shares, big = (fixed("bnpo", w) for w in ("2", "1x2", "1"))
     for a, b in zip(two["grads"], shares["grads"]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
     assert not all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(two["grads"], big["grads"]))
+
+
+def test_a_signal_on_one_rank_in_the_last_step_stops_every_rank_alike(tmp_path):
+    """Rank 1 alone is signalled during the last step. Every rank must still take the same branch, a checkpoint (three
+    barriers) rather than the model (one): before the ranks agreed after the last step, the collectives fell out of
+    step, and no checkpoint was written."""
+    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "signal", timeout=180)
+    assert [(tmp_path / f"exit-{r}.txt").read_text() for r in (0, 1)] == ["143", "143"]  # 128 + SIGTERM on both
+    ckpt = tmp_path / "run" / "checkpoint-3"
+    assert (ckpt / "rank-0.pt").is_file() and (ckpt / "rank-1.pt").is_file()
+
+
+def test_a_gradient_on_some_ranks_only_is_summed_in_step(tmp_path):
+    """A parameter that rank 1's forward never reaches (an unused expert) has no gradient there: rank 1 must still
+    take part in the same reductions, and both ranks end with the same weights, that parameter moved by rank 0's."""
+    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "grad", timeout=180)
+    p0, p1 = (torch.load(tmp_path / f"grad-{r}.pt") for r in (0, 1))
+    assert all(torch.equal(p0[name], p1[name]) for name in p0)
+    assert p0["extra"].item() != 0  # rank 0's gradient reached it on both ranks
+
+
+def test_every_rank_makes_the_same_collectives_in_every_branch(tmp_path):
+    """Skipped, empty and non-finite steps, dynamic sampling, evaluation, checkpoints, completions, a stop signal:
+    each branch that one rank takes, every rank takes, so each rank's sequence of collectives (name, shape, dtype)
+    is the same."""
+    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "collectives", timeout=300)
+    logs = [json.loads((tmp_path / f"collectives-{r}.json").read_text()) for r in (0, 1)]
+    assert logs[0] == logs[1]
+    runs = [entry[1] for entry in logs[0] if entry[0] == "run"]
+    assert len(runs) == 6 and len(logs[0]) > 100
+    lines = training_rows(tmp_path / "run")  # the last run's: stopped after step 2 on both ranks
+    assert [r["step"] for r in lines] == [1, 2]

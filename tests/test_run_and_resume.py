@@ -793,10 +793,19 @@ def test_a_reward_with_the_wrong_count_is_one_line_and_the_fixed_command_runs(
     monkeypatch.setenv("TQDM_DISABLE", "1")  # the progress bar is not what is tested: stderr holds only the error
     args = ["--output_dir", str(tmp_path / "o"), "--eval_steps", "0", *SMALL]
     assert g.main(args + ["--reward_funcs", "bad_rewards.short"]) == 2
-    assert error_line(capsys) == (
-        "error: reward function 'short' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
+    assert error_line(capsys) == (  # the phase it failed in, then what is wrong
+        "error: training step 1: reward function 'short' returned [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] for 8 "
         "completions: return one finite number (or None) per completion"
     )
+    assert not (tmp_path / "o").exists()  # refused before its first step: the folder it made is gone
+    # the same reward, first met in the held-out pass before any training (12 prompts x (1 greedy + 1 sampled))
+    held_out = ["--eval_steps", "2", "--eval_max_prompts", "12", "--eval_num_generations", "1"]
+    assert g.main(args + held_out + ["--reward_funcs", "bad_rewards.short"]) == 2
+    assert error_line(capsys).startswith("error: the held-out pass at step 0: reward function 'short' returned")
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "o").mkdir()  # a folder the user made stays, empty as it was
+    assert g.main(args + ["--reward_funcs", "bad_rewards.short"]) == 2
+    assert list((tmp_path / "o").iterdir()) == []
     assert g.main(args) == 0
 
 
