@@ -148,3 +148,20 @@ def test_every_rank_makes_the_same_collectives_in_every_branch(tmp_path):
     assert len(runs) == 6 and len(logs[0]) > 100
     lines = training_rows(tmp_path / "run")  # the last run's: stopped after step 2 on both ranks
     assert [r["step"] for r in lines] == [1, 2]
+
+
+def test_under_torchrun_a_mistake_is_one_line_from_one_rank(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "grpo_ssr.py"),
+    ]
+    proc = subprocess.run(
+        [*cmd, "--max_steps", "0", "--output_dir", str(tmp_path / "o")], capture_output=True, text=True, env=ENV
+    )
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "error: " in line]
+    assert errors == ["error: --max_steps 0 is invalid: must be > 0"], proc.stderr[-2000:]

@@ -3,6 +3,7 @@ in the policy, the built-in and arithmetic tasks and their held-out splits, loca
 files and rows refused with one line that names them."""
 
 import json
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -251,3 +252,37 @@ def test_reading_a_local_file_leaves_datasets_logging_as_it_was(tmp_path):
         assert datasets.logging.get_verbosity() == datasets.logging.INFO and datasets.is_progress_bar_enabled()
     finally:
         datasets.logging.set_verbosity_warning()
+
+
+def test_under_bf16_autocast_the_reference_model_is_bf16(cfg_factory, monkeypatch, keep_threads):
+    """The frozen reference (beta > 0) needs no float32 master weights: under bf16 autocast it is kept in bf16, half
+    the memory; the policy stays float32."""
+    monkeypatch.setattr(g, "cpu_has_bf16", lambda: True)  # emulated here, but the same path as a GPU's
+    trainer = g.GRPOTrainer(cfg_factory(beta=0.04, bf16=True, max_steps=1, eval_steps=0))
+    assert {p.dtype for p in trainer.ref_model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert math.isfinite(trainer.train_step()["kl"])
+    plain = g.GRPOTrainer(cfg_factory(beta=0.04, max_steps=1, output_dir=str(trainer.cfg.output_dir) + "-fp32"))
+    assert {p.dtype for p in plain.ref_model.parameters()} == {torch.float32}  # float32 without autocast
+
+
+def test_a_model_that_arrived_in_bf16_is_saved_in_bf16(cfg_factory, keep_threads):
+    """Trained on float32 master weights, saved as it came: from_pretrained's dtype="auto" loads bf16 again, with the
+    trained weights rounded to bf16 (a model that came in float32 is saved in float32)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model, tok = g.load_model("tiny")
+    cfg = cfg_factory(max_steps=1, eval_steps=0)
+    trainer = g.GRPOTrainer(cfg, model=model.to(torch.bfloat16), processing_class=tok)
+    trainer.train()
+    out = g.Path(cfg.output_dir)
+    assert {v.dtype for v in load_file(out / "model.safetensors").values()} == {torch.bfloat16}
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    assert loaded.dtype == torch.bfloat16
+    for (name, saved), trained in zip(loaded.state_dict().items(), trainer.model.state_dict().values()):
+        assert torch.equal(saved, trained.to(torch.bfloat16)), name
+    assert trainer.model.dtype == torch.float32  # the master weights themselves are untouched
+    float_run = g.GRPOTrainer(cfg_factory(max_steps=1, eval_steps=0, output_dir=str(out) + "-fp32"))
+    float_run.train()
+    assert {v.dtype for v in load_file(g.Path(str(out) + "-fp32") / "model.safetensors").values()} == {torch.float32}

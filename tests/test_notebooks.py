@@ -372,3 +372,11 @@ def test_missing_requirements_names_what_to_install():
         "torch>=99.0",
         "no-such-package-xyz>=1.0",
     ]
+
+
+def test_no_notebook_counts_emulated_bf16_as_bf16():
+    """torch.cuda.is_bf16_supported() is True on a T4 or V100, which emulate bf16 (pick_device runs float32 there): a
+    notebook reports the precision from what autocast does, or asks without emulation."""
+    for path in NOTEBOOKS:
+        code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+        assert "is_bf16_supported()" not in code, path.name

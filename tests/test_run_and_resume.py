@@ -966,3 +966,45 @@ def test_docstring_help_and_readme_tell_one_story():
     doc = " ".join(g.__doc__.split())
     assert "laptop" not in doc and "minute" not in help_text  # timings live beside the commands that measured them
     assert "TRL's default is 512" in help_text and "max_completion_length 512" in readme
+
+
+def test_an_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert g.main([*SMALL, "--output_dir", str(tmp_path / "notes.txt")]) == 2
+    assert (
+        error_line(capsys)
+        == f"error: --output_dir {str(tmp_path / 'notes.txt')!r} is a file: name a folder (made if missing)"
+    )
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_from_python_prints_the_start_line_the_command_line_prints(cfg_factory, capsys, keep_threads):
+    g.GRPOTrainer(cfg_factory(max_steps=1, eval_steps=0)).train()
+    from_python = capsys.readouterr().out.splitlines()[0]
+    assert (
+        g.main(
+            ["--output_dir", str(cfg_factory().output_dir), "--overwrite_output_dir", "--max_steps", "1"]
+            + ["--eval_steps", "0", "--per_device_train_batch_size", "8", "--num_generations", "4"]
+            + ["--max_completion_length", "16", "--device", "cpu"]
+        )
+        == 0
+    )
+    from_cli = capsys.readouterr().out.splitlines()[0]
+    assert from_python == from_cli
+    assert from_cli.startswith("model tiny on cpu (float32); task builtin, reward reward_len; plain GRPO; 1 step(s)")
+
+
+def test_the_summary_says_nothing_trained_rather_than_nan(capsys):
+    rows = [{"step": i, "reward": 0.0, "frac_truncated": 0.0, "skipped": 1} for i in range(1, 4)]
+    lines = g.summary_lines(rows, g.GRPOConfig(replay_buffer_class="ssr"))
+    assert lines[1] == "replay (SSR, fill): nothing trained, so nothing was replayed"
+    assert not any("nan" in line for line in lines)
+
+
+def test_after_a_resume_the_closing_summary_covers_the_whole_run(cfg_factory, capsys, keep_threads):
+    cfg = cfg_factory(max_steps=4, save_steps=2, eval_steps=0, replay_buffer_class="ssr")
+    g.run(cfg)
+    whole = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("training reward", "replay"))]
+    g.run(g.dataclasses.replace(cfg, resume_from_checkpoint=str(g.Path(cfg.output_dir) / "checkpoint-2")))
+    resumed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("training reward", "replay"))]
+    assert whole[0].endswith("(4 steps)") and resumed == whole  # steps 1-4, not only the resumed 3-4

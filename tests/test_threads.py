@@ -60,3 +60,14 @@ def test_on_the_command_line_a_warning_is_one_line(tmp_path):
         "(a completion no function scores gets advantage 0). Shown once per function."
     ], proc.stderr
     assert "UserWarning" not in proc.stderr and "grpo_ssr.py:" not in proc.stderr
+
+
+@pytest.mark.parametrize("theirs", [None, "ACTIVE"])
+def test_openmp_threads_sleep_while_they_wait_unless_the_user_says_otherwise(theirs):
+    """Spinning OpenMP threads fight another busy process for the cores (tests/benchmarks/bench_threads.py measures
+    it): importing grpo_ssr, before torch, makes them sleep; a user's own OMP_WAIT_POLICY wins."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update({} if theirs is None else {"OMP_WAIT_POLICY": theirs})
+    code = "import grpo_ssr, os, sys; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.split() == [theirs or "PASSIVE", "True"], proc.stderr
