@@ -436,3 +436,37 @@ def test_the_allow_list_is_needed_and_its_quotes_are_true():
             if reason.startswith("quoted from "):
                 source = (ROOT / reason.removeprefix("quoted from ")).read_text()
                 assert number in {body for _, body in tokens(source)}, f"{name}: {number} is not in {reason}"
+
+
+GLOSSARY = NOTEBOOK_DIR / "GLOSSARY.md"
+GLOSSARY_LINK = re.compile(r"\]\(([^)\s]*GLOSSARY\.md)\)")
+GLOSSARY_METRICS = [
+    "reward",
+    "frac_reward_zero_std",
+    "clip_ratio",
+    "replay_frac",
+    "frac_zero_adv_trained",
+    "grad_norm",
+    "completion_length",
+    "frac_truncated",
+    "kl",
+]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=notebook_id)
+def test_every_notebook_links_the_glossary(path):
+    nb = json.loads(path.read_text())
+    links = [t for c in nb["cells"] if c["cell_type"] == "markdown" for t in GLOSSARY_LINK.findall(text(c["source"]))]
+    assert links, f"{notebook_id(path)}: no markdown cell links notebooks/GLOSSARY.md"
+    assert all((path.parent / t).resolve() == GLOSSARY.resolve() for t in links), links
+
+
+def test_the_glossary_explains_each_metric_the_file_logs():
+    """Each metric has its entry, and is a key grpo_ssr.py writes and the README's metrics table explains."""
+    glossary = GLOSSARY.read_text()
+    source = (ROOT / "grpo_ssr.py").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for key in GLOSSARY_METRICS:
+        assert f"**`{key}`.**" in glossary, key
+        assert f'"{key}"' in source, f"grpo_ssr.py logs no {key}"
+        assert f"`{key}`" in readme.split("## Outputs and metrics")[1].split("\n## ")[0], key
