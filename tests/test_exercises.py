@@ -5,6 +5,7 @@ notebook."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -194,6 +195,139 @@ def test_notebook_09_checks_leave_the_thread_count_alone():
     assert torch.get_num_threads() == threads
 
 
+def _float_reader(text):  # float() after whitespace and one final period: reads "1e1", "nan", "１２" as numbers
+    text = text.strip()
+    try:
+        return float(text[:-1] if text.endswith(".") else text)
+    except ValueError:
+        return None
+
+
+def _any_script_digits(text):  # the strict pattern with \d: Python's re matches full-width digits with it
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\.?\s*", text)
+    return float(match.group(1)) if match else None
+
+
+def _strict_but_for(case):  # the solution, except that it reads one text with float()
+    return lambda text: float(text) if text == case else nb06.strict_answer(text)
+
+
+@pytest.mark.parametrize(
+    "wrong, text, got",
+    [
+        (_float_reader, "1e1", "10.0"),
+        (_any_script_digits, "１２", "12.0"),
+        (_strict_but_for("1e1"), "1e1", "10.0"),
+        (_strict_but_for("nan"), "nan", "nan"),
+        (_strict_but_for("１２"), "１２", "12.0"),
+    ],
+    ids=["float()", "re's \\d", "only 1e1", "only nan", "only full-width 12"],
+)
+def test_strict_reader_check_rejects_what_float_reads(wrong, text, got):
+    """06.2 once accepted a float()-based reader: it gives 10 for "1e1", nan for "nan" and 12 for "１２". Each of
+    these readers now fails on the first text it reads as a number, with the hint that names float()'s extras; the
+    solution (digits [0-9], not \\d) passes."""
+    with pytest.raises(checks.NotYet, match="^exercise 06.2: not yet: ") as raised:
+        checks.check("06.2", wrong)
+    assert f"strict_answer({text!r}) gave {got}, expected None" in str(raised.value)
+    assert "float() reads more than a number written out" in str(raised.value)
+    assert checks.check("06.2", nb06.strict_answer) is True
+    assert all(nb06.strict_answer(text) is None for text in checks.NOT_WRITTEN_OUT)
+
+
+@pytest.mark.parametrize(
+    "wrong, name",
+    [
+        (grpo_ssr.reward_len, "reward_len"),
+        (grpo_ssr.reward_len_binary, "reward_len_binary"),
+        (lambda completions, **kwargs: grpo_ssr.reward_len(completions), "reward_len"),
+        (lambda completions, **kwargs: [r / 20 + 1 for r in grpo_ssr.reward_len(completions)], "reward_len"),
+        (lambda completions, **kwargs: [2 * r for r in grpo_ssr.reward_len_binary(completions)], "reward_len_binary"),
+    ],
+    ids=["reward_len itself", "reward_len_binary itself", "wrapped", "shifted and scaled", "binary doubled"],
+)
+def test_own_reward_check_rejects_a_built_in_reward(wrong, name):
+    """09.3 asks for a reward of your own: grpo_ssr's rewards fail, by identity or by what they give on a probe (also
+    shifted or rescaled, which gives the same advantages), before any training, with a hint that names them; a
+    reward that grades another length (-|10 - length|, an idea the notebook gives) is not mistaken for one."""
+    with pytest.raises(checks.NotYet, match="^exercise 09.3: not yet: ") as raised:
+        checks.check("09.3", wrong)
+    assert f"that is grpo_ssr's {name} " in str(raised.value) and "a reward of your own" in str(raised.value)
+    assert checks._built_in_reward(nb09.reward_lowercase) is None
+    assert checks._built_in_reward(lambda completions, **kwargs: [-abs(10 - len(c)) for c in completions]) is None
+
+
+def _quiz_message(exercise, answers):
+    with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: ") as raised:
+        checks.check(exercise, answers)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("exercise", sorted(checks.QUIZZES))
+def test_self_check_cannot_be_found_one_option_at_a_time(exercise):
+    """A self-check gives one verdict: whichever answers are wrong (any one, or all), it says the same line, with
+    every question's hint. So trying the options of one question while another is wrong finds nothing (02.Q's
+    answers were once found in four tries, each naming the first wrong question). A missing answer is named; the
+    right answers, as a dict or in order, pass."""
+    right = solutions.ANSWERS[exercise]
+    assert checks.check(exercise, right) is True and checks.check(exercise, list(right.values())) is True
+    everything_wrong = _quiz_message(exercise, {number: "z" for number in right})
+    for _, hint in checks.QUIZZES[exercise]:
+        assert hint in everything_wrong
+    for number in right:  # one wrong answer, at each place in turn
+        assert _quiz_message(exercise, {**right, number: "z"}) == everything_wrong
+    # trying every option of question 1, the right one included, while question 2 is wrong: nothing changes
+    options = ["a", "b", "c", "d", right[1], 0, 1]
+    assert {_quiz_message(exercise, {**right, 1: option, 2: "z"}) for option in options} == {everything_wrong}
+    assert "has no answer yet" in _quiz_message(exercise, {k: v for k, v in right.items() if k < len(right)})
+
+
+def test_the_first_wrong_question_is_not_named():
+    """The old message began "question 1: got ..." for a wrong first answer: no message names a question now."""
+    message = _quiz_message("02.Q", {1: "c", 2: 3, 3: "a"})  # 02.Q's wrong answer: NaN for a zero-spread group
+    assert message.startswith("exercise 02.Q: not yet: not all 3 answers are right yet") and "got" not in message
+
+
+# the exercises answered by a number or numbers (not a function, not a self-check)
+VALUES = sorted(e for e in checks.CHECKS if e not in checks.QUIZZES and not callable(solutions.ANSWERS[e]))
+
+
+def _significant(text: str) -> int:
+    return len(text.lstrip("-0.").replace(".", "").rstrip("0") if "e" not in text else text)
+
+
+@pytest.mark.parametrize("exercise", VALUES)
+def test_no_reference_answer_is_written_in_the_checks(exercise):
+    """A number answer is compared with a hash, or with a value computed when the check runs: neither the answer nor
+    any rounding of it to 3 to 8 significant digits is in checks.py (numbers of fewer digits, such as 0.5 or 12, are
+    everywhere in code and are not looked for)."""
+    source = Path(checks.__file__).read_text()
+    answer = solutions.ANSWERS[exercise]
+    values = np.asarray(answer, dtype=np.float64).flatten()
+    if (values != values.round()).any():  # whole numbers (01.1, 01.2, 06.1) are hashed, yet "12" is in any code
+        assert str(answer) not in source
+    for value in values:
+        for digits in range(3, 9):
+            text = f"{value:.{digits}g}"
+            if _significant(text) >= 3:
+                assert text not in source, f"{exercise}: {text} is written in checks.py"
+
+
+@pytest.mark.parametrize("exercise, width", [("01.3", 1e-4), ("03.1", 1e-6), ("04.2", 1e-3), ("S01.2", 5e-4)])
+def test_a_hashed_number_keeps_its_tolerance(exercise, width):
+    """_near_hash passes every answer within its width of the reference and fails every one more than twice it away,
+    number by number."""
+    answer = np.asarray(solutions.ANSWERS[exercise], dtype=np.float64)
+    for moved in (0.9 * width, -0.9 * width):
+        assert checks.check(exercise, (answer + moved).tolist()) is True
+    for index in range(answer.size):
+        for moved in (2.1 * width, -2.1 * width):
+            off = answer.flatten().copy()
+            off[index] += moved
+            with pytest.raises(checks.NotYet):
+                checks.check(exercise, off.reshape(answer.shape).tolist())
+
+
 def test_the_two_mistakes_are_right_where_the_old_checks_looked():
     """The answers above are wrong only where the tightened checks look: their sum is the big batch's loss, and with
     alpha > 0 they agree with the solution."""
@@ -308,20 +442,6 @@ def test_every_check_is_used_by_its_notebook():
             src = "".join(cell["source"])
             used |= {e for e in checks.CHECKS if f'checks.check("{e}"' in src and e.split(".")[0] == prefix}
     assert used == set(checks.CHECKS), f"checks no notebook calls: {sorted(set(checks.CHECKS) - used)}"
-
-
-@pytest.mark.parametrize("exercise", sorted(checks.QUIZZES))
-def test_self_check_names_the_wrong_question(exercise, capsys):
-    """A self-check takes a dict {1: ..., 2: ...} or the answers in order; a wrong answer fails on its own question,
-    with that question's hint, and a missing one says so."""
-    right = solutions.ANSWERS[exercise]
-    assert checks.check(exercise, list(right.values())) is True
-    for number in right:
-        with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: question {number}: got ") as raised:
-            checks.check(exercise, {**right, number: "z"})
-        assert str(raised.value).endswith(checks.QUIZZES[exercise][number - 1][1])
-    with pytest.raises(checks.NotYet, match=f"question {len(right)} has no answer yet"):
-        checks.check(exercise, {k: v for k, v in right.items() if k < len(right)})
 
 
 def test_self_check_answers_are_not_written_in_the_checks():

@@ -2,18 +2,31 @@
 
 A check prints whether the answer is right. A wrong answer raises NotYet, which a notebook shows as one line, "exercise
 02.2: not yet: ..." with a hint, and no traceback; `None` (or a function that still returns None) means "not answered
-yet". Each course notebook ends with self-check questions, `check("01.Q", {1: ..., 2: ..., 3: ...})`, compared
-with hashes. Number answers are compared with references written out in this file, so reading it gives them away (a
-notebook's check cell shows only the verdict); three of them (01.1, 01.2 and 06.1) are compared with a hash instead.
-Functions are tested on hand-computed cases and properties. This folder, notebooks/course/, is the course's machinery:
-the solutions live in solutions/ beside this file, course_setup.py makes the notebooks run anywhere, and
-tests/test_exercises.py runs every check against the solutions and against wrong answers.
+yet". Functions are tested on hand-computed cases and properties, and the hands-on ones (09.x) through real training
+steps.
+
+No reference answer is written in this file. Number answers are compared with a hash of the reference (`_same_hash`
+for whole numbers, `_near_hash` for the others: each number is put in its cell of a grid as wide as the tolerance, and
+the cells are hashed), or with a value the check computes from grpo_ssr when it runs (08.1). A reader of this file
+sees digests, not answers; a hash only hides an answer from reading, not from someone who hashes every candidate.
+
+Each course notebook ends with self-check questions, `check("01.Q", {1: ..., 2: ..., 3: ...})`, compared with
+hashes too. They are built so that trying the options one at a time finds nothing: every question must be answered,
+the check then gives one verdict for them all, and a wrong verdict is the same line whichever answers are wrong, with
+a hint for every question. The hints still teach (each says where to look or what rule to apply), but no answer to
+one question changes what the check says until all are right. A quiz of multiple choices alone can still be found by
+trying every combination (18 for 07.Q's three questions of 3, 2 and 3 options); that takes longer than the reading.
+
+This folder, notebooks/course/, is the course's machinery: the solutions live in solutions/ beside this file,
+course_setup.py makes the notebooks run anywhere, and tests/test_exercises.py runs every check against the solutions
+and against wrong answers.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 from typing import Any, Callable
@@ -68,6 +81,29 @@ def _same_hash(answer, digest: str, hint: str) -> None:
     _require(_digest(answer) == digest, f"got {_show(answer)}. {hint}")
 
 
+def _cells(answer, width: float) -> list[int] | None:
+    """The numbers of an answer, flattened, each as the index of its cell on a grid of this width; None if it is not
+    all finite numbers."""
+    try:
+        values = torch.as_tensor(answer, dtype=torch.float64).flatten().tolist()
+        return [math.floor(v / width) for v in values]
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # not numbers, nan, or inf
+        return None
+
+
+def _near_hash(key: str, answer, digest: str, width: float, hint: str) -> None:
+    """A numeric answer compared with a hash of its reference, not with the reference itself: each number is put in
+    its cell of a grid of `width`, and the answer passes if its cells, each moved by at most one, hash to `digest`. So
+    an answer within `width` of the reference always passes, one more than 2 * `width` away never does, and the
+    digest (of the key and the reference's cells) does not show the reference to a reader of this file."""
+    cells = _cells(answer, width)
+    ok = cells is not None and any(
+        _digest([key, [c + s for c, s in zip(cells, shift)]]) == digest
+        for shift in itertools.product((-1, 0, 1), repeat=len(cells))
+    )
+    _require(ok, f"got {_show(answer)}. {hint}")
+
+
 def _tensor_fn(fn: Callable, *args) -> torch.Tensor | None:
     out = fn(*args)
     return None if out is None else torch.as_tensor(out, dtype=torch.float64)
@@ -91,9 +127,10 @@ def _01_2(answer):
 
 
 def _01_3(answer):
-    _close(
+    _near_hash(
+        "01.3",
         answer,
-        (0.8668133321973227, 0.9999999979388464),
+        "030959c13b9e752d",
         1e-4,
         "softmax(logits / T): divide first, then normalise; a small T sharpens.",
     )
@@ -105,7 +142,7 @@ def _01_3(answer):
 
 
 def _02_1(answer):
-    _close(answer, 0.3**4 + 0.7**4, 1e-3, "A group has zero spread when all succeed or all fail.")
+    _near_hash("02.1", answer, "32bd2eafbf0a35a1", 1e-3, "A group has zero spread when all succeed or all fail.")
 
 
 def _02_2(fn):
@@ -132,16 +169,17 @@ def _02_2(fn):
 
 
 def _03_1(answer):
-    _close(
+    _near_hash(
+        "03.1",
         answer,
-        ((1.2, 0.0), (-1.5, -1.0)),
+        "0cce158707851b8e",
         1e-6,
         "min(rho * A, clip(rho) * A): which branch is smaller? The clipped branch does not depend on rho.",
     )
 
 
 def _03_2(answer):
-    _close(answer, math.exp(-1.0), 1e-5, "k3 = exp(d) - d - 1 with d = log pi_ref - log pi.")
+    _near_hash("03.2", answer, "2f5702850fe09cda", 1e-5, "k3 = exp(d) - d - 1 with d = log pi_ref - log pi.")
 
 
 def _03_3(fn):
@@ -211,11 +249,17 @@ def _03_4(fn):
 
 
 def _04_1(answer):
-    _close(answer, (0.5, 2 / 3), 1e-3, "P(i) = |A_i|^alpha / sum_j |A_j|^alpha.")
+    _near_hash("04.1", answer, "ff26df3cca2b99b5", 1e-3, "P(i) = |A_i|^alpha / sum_j |A_j|^alpha.")
 
 
 def _04_2(answer):
-    _close(answer, (8 / 3, 3.0), 1e-3, "ESS = 1 / sum_i P(i)^2, with the P(i) of the previous exercise (alpha = 1).")
+    _near_hash(
+        "04.2",
+        answer,
+        "3d9ad767650559fa",
+        1e-3,
+        "ESS = 1 / sum_i P(i)^2, with the P(i) of the previous exercise (alpha = 1).",
+    )
 
 
 def _04_3(fn):
@@ -258,6 +302,7 @@ def _06_1(answer):
     )
 
 
+# (completion, the strict reader's answer); the second list holds what float() reads but a number written out is not
 STRICT_CASES = [
     ("12", 12.0),
     (" 12.\n", 12.0),
@@ -273,18 +318,23 @@ STRICT_CASES = [
     ("", None),
     (".", None),
 ]
+NOT_WRITTEN_OUT = ["1e1", "nan", "inf", "+5", "1_000", ".5", "12..", "\uff11\uff12", "\u0661\u0662"]
 
 
 def _06_2(fn):
     if fn("12") is None:  # the unanswered stub returns None for everything
         return None
-    for text, want in STRICT_CASES:
+    for text, want in STRICT_CASES + [(text, None) for text in NOT_WRITTEN_OUT]:
         got = fn(text)
-        _require(
-            (got is None and want is None) or (got is not None and want is not None and float(got) == want),
-            f"strict_answer({text!r}) gave {got!r}, expected {want!r}. The whole completion must be one number: "
-            "only whitespace around it and one final period are allowed.",
+        ok = (got is None and want is None) or (got is not None and want is not None and float(got) == want)
+        hint = (
+            "float() reads more than a number written out: exponents, nan and inf, a plus sign, underscores and "
+            "digits of other scripts (full-width \uff11\uff12, in Python's re \\d too). Accept only the ASCII digits "
+            "0-9, with an optional minus sign and decimal part"
+            if text in NOT_WRITTEN_OUT
+            else "The whole completion must be one number: only whitespace around it and one final period are allowed"
         )
+        _require(ok, f"strict_answer({text!r}) gave {got!r}, expected {want!r}. {hint}.")
     return True
 
 
@@ -365,9 +415,10 @@ def _s01_1(fn):
 
 
 def _s01_2(answer):
-    _close(
+    _near_hash(
+        "S01.2",
         answer,
-        (0.018906, 0.015288),
+        "9c1ae29f213b5c25",
         5e-4,
         "replay_abs_log_ratio, not sample_age; over steps 101-150 only: per run the mean over those steps "
         "(skipping steps that logged none), then the mean over the 8 seeds.",
@@ -419,9 +470,10 @@ def _08_2(fn):
 
 
 def _08_3(answer):
-    _close(
+    _near_hash(
+        "08.3",
         answer,
-        (0.075 / (0.05 + 1e-4), 0.075),
+        "04ad83c1cfc3e1ef",
         5e-4,
         "The mean is -19.975; 'group' divides by the group's unbiased std (ddof 1) + 1e-4, 'none' by nothing.",
     )
@@ -486,17 +538,31 @@ def _quiz_value(value):
 
 
 def _quiz(exercise: str, answers) -> None:
-    """`answers`: a dict {1: ..., 2: ...} or the answers in order. The first wrong one fails, with its hint."""
+    """`answers`: a dict {1: ..., 2: ...} or the answers in order. Every question must be answered; then one verdict
+    for them all, and on a wrong one every question's hint, the same line whichever answers are wrong."""
     if not isinstance(answers, dict):
         answers = dict(enumerate(answers, 1))
-    for number, (digest, hint) in enumerate(QUIZZES[exercise], 1):
-        value = answers.get(number, answers.get(str(number)))
-        _require(value is not None, f"question {number} has no answer yet.")
+    questions = QUIZZES[exercise]
+    values = [answers.get(number, answers.get(str(number))) for number in range(1, len(questions) + 1)]
+    missing = [str(number) for number, value in enumerate(values, 1) if value is None]
+    _require(
+        not missing,
+        f"question{'s' if len(missing) > 1 else ''} {', '.join(missing)} {'have' if len(missing) > 1 else 'has'} no "
+        f"answer yet: answer all {len(questions)}, and the check gives one verdict for them all.",
+    )
+    right = 0
+    for number, (value, (digest, _)) in enumerate(zip(values, questions), 1):
         try:
             normal = _quiz_value(value)
         except (TypeError, ValueError):
             normal = None
-        _require(_digest([exercise, number, normal]) == digest, f"question {number}: got {_show(value)}. {hint}")
+        right += _digest([exercise, number, normal]) == digest
+    hints = " ".join(f"({number}) {hint}" for number, (_, hint) in enumerate(questions, 1))
+    _require(
+        right == len(questions),
+        f"not all {len(questions)} answers are right yet (the check does not say which, so trying the options one at "
+        f"a time tells you nothing). A hint for each question: {hints}",
+    )
 
 
 # 09 · hands on: change the algorithm and train
@@ -631,12 +697,35 @@ def _09_2(cls):
     return True
 
 
+def _built_in_reward(fn) -> str | None:
+    """The name of the built-in reward of grpo_ssr that `fn` is, or behaves as on a probe of completions of 0 to 40
+    characters (the same rewards, or a shift or positive rescaling of them: GRPO's group advantages are then the
+    same); None if it is none of them."""
+    for name, built_in in grpo_ssr.REWARD_FUNCS.items():
+        if fn is built_in:
+            return name
+    probe = ["ab" * n for n in range(21)] + ["hello there", "\x00\x01 XYZ", "a" * 19, "a" * 21]
+    got = np.asarray(fn(completions=probe, prompts=["a"] * len(probe)), dtype=np.float64)
+    standard = lambda v: (v - v.mean()) / (v.std() if v.std() > 0 else 1.0)
+    for name in ("reward_len", "reward_len_binary"):  # reward_accuracy needs an answer column the prompts lack
+        want = np.asarray(grpo_ssr.REWARD_FUNCS[name](probe), dtype=np.float64)
+        if got.shape == want.shape and np.isfinite(got).all() and np.allclose(standard(got), standard(want)):
+            return name
+    return None
+
+
 @_one_thread
 def _09_3(fn):
     probe = fn(completions=["hello there", "", "\x00\x01 XYZ"], prompts=["a", "b", "c"])
     if probe is None:
         return None
     _require(len(probe) == 3, f"expected one reward per completion (3), got {_show(probe)}")
+    built_in = _built_in_reward(fn)
+    _require(
+        built_in is None,
+        f"that is grpo_ssr's {built_in} (or the same rewards up to a shift or scale, which give the same advantages): "
+        "write a reward of your own, for example one of the ideas above the exercise",
+    )
     step = _tiny_step(fn, steps=30)
     rows = [step.train_step() for _ in range(30)]
     _require(

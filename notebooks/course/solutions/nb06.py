@@ -14,8 +14,10 @@ anywhere_6_1 = sum(12.0 in [float(x) for x in grpo_ssr.FIRST_NUMBER.findall(c)] 
 totals_6_1 = (int(first_number_6_1), int(anywhere_6_1))
 
 # 06.2: a strict reader: the whole completion is one number, with nothing around it but whitespace and one final
-# period. Restating the question, explaining, or listing numbers then scores nothing.
-STRICT_NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)\.?\s*")
+# period. Restating the question, explaining, or listing numbers then scores nothing. The digits are [0-9], not \d:
+# in Python's re, \d matches the digits of every script ("１２", full-width), and float() reads those, "1e1", "nan",
+# "+5" and "1_000" too, none of them a number written out.
+STRICT_NUMBER = re.compile(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\.?\s*")
 
 
 def strict_answer(text: str) -> Optional[float]:
