@@ -352,6 +352,15 @@ def test_the_two_mistakes_are_right_where_the_old_checks_looked():
     )
 
 
+def test_colab_fetches_every_solution():
+    """Notebook 10 imports the solutions (they stand in for the exercises not answered yet): in Colab, course_setup
+    must fetch every file of the solutions' folder, and nothing that is not there."""
+    import course_setup
+
+    folder = {p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks" / "course" / "solutions").glob("*.py")}
+    assert set(course_setup.SOLUTION_FILES) == folder
+
+
 def test_every_check_has_a_solution_and_a_wrong_answer():
     assert set(checks.CHECKS) == set(solutions.ANSWERS) == set(WRONG)
 
