@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "notebooks" / "course"), str(ROOT / "notebooks" / "study")]
 
 import solutions  # noqa: E402
-from solutions import nb02, nb03, nb04, nb06, nb08, nb09, study01  # noqa: E402
+from solutions import nb02, nb03, nb04, nb06, nb08, nb09, nb10, study01  # noqa: E402
 
 import checks  # noqa: E402
 import grpo_ssr  # noqa: E402
@@ -53,6 +53,48 @@ def _constant_reward(completions, **kwargs):  # never varies: every group has ze
     return [1.0] * len(completions)
 
 
+def _population_std_advantages(rewards, num_generations):  # std with ddof 0, not TRL's unbiased one
+    g = rewards.view(-1, num_generations)
+    adv = (g - g.mean(1, keepdim=True)) / (g.std(1, unbiased=False, keepdim=True) + 1e-4)
+    return torch.where(grpo_ssr.zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv).view(-1)
+
+
+def _loss_without_mask(logps, old, adv, mask, loss_type, step_tokens, step_sequences, epsilon=0.2):  # pads count
+    return nb10.my_loss(logps, old, adv, torch.ones_like(mask), loss_type, step_tokens, step_sequences, epsilon)
+
+
+def _ssr_without_empty_slots(advantages, ages, filled, alpha, age_decay):  # an empty slot keeps its stale weight
+    return nb10.my_ssr_probabilities(advantages, ages, torch.ones_like(filled), alpha, age_decay)
+
+
+def _step(temperature_one=False, clip=True, old_after=False, zero=True, detach=True):
+    """nb10.my_train_step with one mistake (the keywords name it)."""
+
+    def step(model, optimizer, micro_batches, cfg):
+        T = 1.0 if temperature_one else cfg.temperature
+        graph = torch.no_grad if detach else torch.enable_grad
+        with graph():
+            old = [nb10.my_logps(model, mb, T) for mb in micro_batches]
+        tokens = sum(mb["completion_mask"].sum() for mb in micro_batches)
+        sequences = sum(len(mb["advantages"]) for mb in micro_batches)
+        for _ in range(cfg.num_iterations):
+            if old_after:  # taken again from the weights being trained: after an update, not the sampler's
+                with graph():
+                    old = [nb10.my_logps(model, mb, T) for mb in micro_batches]
+            for mb, old_logps in zip(micro_batches, old):
+                logps = nb10.my_logps(model, mb, T)
+                args = (mb["advantages"], mb["completion_mask"], cfg.loss_type, tokens, sequences, cfg.epsilon)
+                nb10.my_loss(logps, old_logps, *args).backward(retain_graph=not detach)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            if zero:
+                optimizer.zero_grad()
+        return []
+
+    return step
+
+
 WRONG = {
     "01.1": 11,  # characters, not bytes
     "01.2": [[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]],  # kept the second EOS
@@ -75,6 +117,10 @@ WRONG = {
     "09.1": _plain_mean_baseline,  # the group mean includes the sample itself
     "09.2": _IgnoresItsRule,
     "09.3": _constant_reward,
+    "10.1": _population_std_advantages,
+    "10.2": _loss_without_mask,
+    "10.3": _ssr_without_empty_slots,
+    "10.4": _step(detach=False),  # the old log-probs keep their graph: logp - old has gradient 0
     "S01.1": _unpaired_bootstrap,
     "S01.2": (0.962, 3.372),  # sample_age over those steps: age is not distance
     "01.Q": {1: (16, 24), 2: "c", 3: -6},  # the pair swapped
@@ -85,6 +131,7 @@ WRONG = {
     "06.Q": {1: "b", 2: 1, 3: "c"},  # the reward, not the advantage
     "07.Q": {1: "a", 2: "b", 3: "a"},  # the full logits
     "08.Q": {1: "c", 2: "a", 3: "a"},  # a clipped token at the first iteration is not normal
+    "10.Q": {1: 1, 2: "b", 3: 30},  # the micro-batch's own tokens
 }
 
 
@@ -328,6 +375,104 @@ def test_a_hashed_number_keeps_its_tolerance(exercise, width):
                 checks.check(exercise, off.reshape(answer.shape).tolist())
 
 
+def _advantages_without_epsilon(rewards, num_generations):  # / std, without TRL's + 1e-4
+    g = rewards.view(-1, num_generations)
+    adv = (g - g.mean(1, keepdim=True)) / g.std(1, keepdim=True)
+    return torch.where(grpo_ssr.zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv).view(-1)
+
+
+def _advantages_counting_nan(rewards, num_generations):  # an unscorable completion counted as a reward of 0
+    return nb10.my_advantages(rewards.nan_to_num(0.0), num_generations)
+
+
+def _advantages_not_exactly_zero(rewards, num_generations):  # no special case: a flat group keeps a rounding error
+    g = rewards.view(-1, num_generations)
+    return ((g - g.nanmean(1, keepdim=True)) / (grpo_ssr.nanstd(g, 1) + 1e-4)).nan_to_num(0.0).view(-1)
+
+
+def _loss_max(logps, old, adv, mask, loss_type, step_tokens, step_sequences, epsilon=0.2):  # min and max swapped
+    m = mask.to(logps.dtype)
+    ratio = torch.where(mask.bool(), logps - old, 0.0).exp()
+    per_token = -torch.max(ratio * adv[:, None], ratio.clamp(1 - epsilon, 1 + epsilon) * adv[:, None]) * m
+    if loss_type == "dapo":
+        return per_token.sum() / step_tokens
+    return (per_token.sum(1) / m.sum(1).clamp(min=1)).sum() / step_sequences
+
+
+def _dapo_per_micro_batch(logps, old, adv, mask, loss_type, step_tokens, step_sequences, epsilon=0.2):
+    return nb10.my_loss(logps, old, adv, mask, loss_type, mask.sum(), len(adv), epsilon)  # its own tokens, sequences
+
+
+def _grpo_over_tokens(logps, old, adv, mask, loss_type, step_tokens, step_sequences, epsilon=0.2):
+    return nb10.my_loss(logps, old, adv, mask, "dapo", step_tokens, step_sequences, epsilon)  # a token mean
+
+
+def _ssr_decay_sign(advantages, ages, filled, alpha, age_decay):  # exp(+age / age_decay): the old weigh most
+    return nb10.my_ssr_probabilities(advantages, -ages, filled, alpha, age_decay)
+
+
+def _ssr_alpha_ignored(advantages, ages, filled, alpha, age_decay):
+    return nb10.my_ssr_probabilities(advantages, ages, filled, 1.0, age_decay)
+
+
+@pytest.mark.parametrize(
+    "exercise, wrong, hint",
+    [
+        ("10.1", _population_std_advantages, "that is the population std"),
+        ("10.1", _advantages_without_epsilon, "std + 1e-4"),
+        ("10.1", _advantages_counting_nan, "leave a NaN reward out of its group's mean and std"),
+        ("10.1", _advantages_not_exactly_zero, "must get exactly 0"),
+        ("10.2", _loss_without_mask, "the padded tokens count: multiply by the completion mask"),
+        ("10.2", _loss_max, "you took the max, which clips the wrong side"),
+        ("10.2", _dapo_per_micro_batch, "dapo divides each micro-batch's summed token losses by the token count"),
+        ("10.2", _grpo_over_tokens, "grpo is a mean of per-sequence means"),
+        ("10.3", _ssr_decay_sign, "the decay must favour the young"),
+        ("10.3", _ssr_alpha_ignored, "use alpha"),
+        ("10.3", _ssr_without_empty_slots, "an empty slot must get probability 0"),
+        ("10.4", _step(detach=False), "compute them under torch.no_grad()"),
+        ("10.4", _step(old_after=True), "the old log-probs must be the sampling policy's"),
+        ("10.4", _step(clip=False), "clip the gradient's global norm to cfg.max_grad_norm"),
+        ("10.4", _step(zero=False), "zero the gradients after each optimizer step"),
+        ("10.4", _step(temperature_one=True), "divide the logits by the sampling temperature"),
+    ],
+    ids=[
+        "10.1 population std",
+        "10.1 no 1e-4",
+        "10.1 NaN counted",
+        "10.1 zero spread not exactly 0",
+        "10.2 mask forgotten",
+        "10.2 min and max swapped",
+        "10.2 dapo per micro-batch",
+        "10.2 grpo over tokens",
+        "10.3 decay sign",
+        "10.3 alpha ignored",
+        "10.3 empty slots drawn",
+        "10.4 old not detached",
+        "10.4 old after the update",
+        "10.4 no clipping",
+        "10.4 no zero_grad",
+        "10.4 temperature forgotten",
+    ],
+)
+def test_notebook_10_checks_name_what_is_wrong(exercise, wrong, hint):
+    """Each piece of the capstone, written one plausible wrong way: its check fails, with the hint that names it."""
+    with pytest.raises(checks.NotYet, match=f"^exercise {exercise}: not yet: ") as raised:
+        checks.check(exercise, wrong)
+    assert hint in str(raised.value)
+
+
+def test_notebook_10_step_check_is_tight_where_it_looks():
+    """The solution's step moves the weights as the reference does, to within a small fraction of the tolerance the
+    check allows (1e-3 of the largest move), and the clipped case really clips."""
+    model, batch = checks._step_batch()
+    cfg = grpo_ssr.GRPOConfig(temperature=0.7, num_iterations=2, max_grad_norm=0.01, loss_type="grpo")
+    got = checks._moves(nb10.my_train_step, model, batch, 2, cfg, 10.0)
+    want = checks._moves(None, model, batch, 2, cfg, 10.0)
+    assert float((got - want).abs().max()) < 1e-5 * float(want.abs().max())
+    unclipped = checks._moves(None, model, batch, 2, cfg, 10.0, clip=False)
+    assert float((unclipped - want).abs().max()) > 0.1 * float(want.abs().max())
+
+
 def test_the_two_mistakes_are_right_where_the_old_checks_looked():
     """The answers above are wrong only where the tightened checks look: their sum is the big batch's loss, and with
     alpha > 0 they agree with the solution."""
@@ -339,6 +484,15 @@ def test_the_two_mistakes_are_right_where_the_old_checks_looked():
     assert not torch.allclose(
         _naive_aged_probabilities(adv, age, 0.0, 2.0), nb04.aged_probabilities(adv, age, 0.0, 2.0)
     )
+
+
+def test_colab_fetches_every_solution():
+    """Notebook 10 imports the solutions (they stand in for the exercises not answered yet): in Colab, course_setup
+    must fetch every file of the solutions' folder, and nothing that is not there."""
+    import course_setup
+
+    folder = {p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks" / "course" / "solutions").glob("*.py")}
+    assert set(course_setup.SOLUTION_FILES) == folder
 
 
 def test_every_check_has_a_solution_and_a_wrong_answer():

@@ -786,3 +786,332 @@ def check(exercise: str, answer) -> bool:
         return False
     print(f"exercise {exercise}: correct")
     return True
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 10 · build GRPO yourself: each piece against grpo_ssr's on fixed inputs, edge cases included
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _10_1(fn):
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.0, 2.0])  # by hand: std 0.5 and 0.8165 (unbiased)
+    got = _tensor_fn(fn, r, 4)
+    if got is None:
+        return None
+    _require(got.shape == (8,), f"expected one advantage per completion, shape (8,), got {tuple(got.shape)}")
+    want = grpo_ssr.group_advantages(r, 4)
+    grouped = r.double().view(-1, 4)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if torch.allclose(got, (centred / (grouped.std(1, unbiased=False, keepdim=True) + 1e-4)).view(-1), atol=1e-5):
+        hint = "that is the population std (divide by G): use the unbiased one (divide by G - 1), as TRL"
+    elif torch.allclose(got, (centred / grouped.std(1, keepdim=True)).view(-1), atol=1e-5):
+        hint = "divide by the group's std + 1e-4 (TRL's guard against a tiny std), not by the std alone"
+    else:
+        hint = "A_i = (r_i - mean of its group) / (unbiased std of its group + 1e-4); groups are blocks of G"
+    _close(got, want, 1e-5, hint)
+    flat = _tensor_fn(fn, torch.tensor([0.3] * 8 + [0.0] * 7 + [1.0]), 8)
+    _require(
+        bool((flat[:8] == 0).all()),
+        f"a group of eight rewards 0.3 got {_show(flat[:8])}: a group without spread must get exactly 0 "
+        "(the mean leaves a rounding error, and / (0 + 1e-4) blows it up; SSR stores every advantage that is not 0)",
+    )
+    nan = math.nan
+    r = torch.tensor([1.0, nan, 0.0, 0.0, nan, nan, nan, 2.0, nan, nan, nan, nan, 5.0, 5.0, nan, 5.0])
+    got = _tensor_fn(fn, r, 4)
+    _require(
+        not bool(got.isnan().any()),
+        f"with NaN rewards (unscorable completions) you gave {_show(got)}: a NaN reward gets advantage 0, and is left "
+        "out of its group's mean and std (nanmean, and a std of the scored rewards only)",
+    )
+    _close(
+        got,
+        grpo_ssr.group_advantages(r, 4),
+        1e-5,
+        "leave a NaN reward out of its group's mean and std (as if the group had only its scored completions), give "
+        "it 0, and give a group with fewer than two distinct scored rewards exactly 0",
+    )
+    return True
+
+
+def _surrogate_case():
+    """Four sequences of four tokens; the last ones padded (mask 0) with log-probs far from the old ones. Rows: A > 0
+    with ratio above 1 + eps (clipped), A < 0 with ratio below 1 - eps (clipped), and the two sides not clipped."""
+    logps = torch.tensor(
+        [
+            [-1.0, -1.2, -0.8, 5.0],
+            [-2.0, -2.5, -2.2, -9.0],
+            [-1.5, -1.0, 3.0, 4.0],
+            [-0.7, -0.9, -1.1, -1.3],
+        ],
+        dtype=torch.float64,
+    )
+    log_ratio = torch.tensor(
+        [[0.5, 0.4, 0.3, 2.0], [-0.5, -0.4, -0.3, 1.5], [0.5, -0.5, 1.0, 2.0], [-0.5, 0.5, 0.05, 0.0]],
+        dtype=torch.float64,
+    )
+    old = logps - log_ratio
+    adv = torch.tensor([1.0, -1.0, -2.0, 1.5], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    return logps, old, adv, mask
+
+
+def _loss_of(fn, logps, old, adv, mask, loss_type, tokens, sequences):
+    logps = logps.clone().requires_grad_(True)
+    out = fn(logps, old, adv, mask, loss_type, tokens, sequences, 0.2)
+    if out is None:
+        return None, None
+    loss = torch.as_tensor(out)
+    grad = torch.autograd.grad(loss, logps, allow_unused=True)[0] if loss.requires_grad else None
+    return loss.detach().double(), (torch.zeros_like(logps) if grad is None else grad)
+
+
+def _10_2(fn):
+    logps, old, adv, mask = _surrogate_case()
+    unpadded = torch.ones_like(mask)
+    got, grad = _loss_of(fn, logps[:, :3], old[:, :3], adv, unpadded[:, :3], "dapo", 12, 4)
+    if got is None:
+        return None
+    want, _ = grpo_ssr.grpo_loss(logps[:, :3], old[:, :3], adv, unpadded[:, :3], loss_type="dapo")
+    ratio = (logps - old)[:, :3].exp()
+    swapped = (-torch.max(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None])).mean()
+    _close(
+        got,
+        want.item(),
+        1e-6,
+        "the per-token loss is -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A), the pessimistic side: "
+        + (
+            "you took the max, which clips the wrong side"
+            if abs(got.item() - swapped.item()) < 1e-6
+            else "check the ratio rho = exp(logp - old) and the clip"
+        ),
+    )
+    x = logps[:, :3].clone().requires_grad_(True)
+    want_grad = torch.autograd.grad(grpo_ssr.grpo_loss(x, old[:, :3], adv, unpadded[:, :3])[0], x)[0]
+    _close(
+        grad,
+        want_grad,
+        1e-6,
+        "the value is right but not its gradient: a clipped token (ratio above 1 + eps with A > 0, below 1 - eps with "
+        "A < 0) must pass no gradient",
+    )
+    tokens, sequences = int(mask.sum()), 4
+    for loss_type in ("dapo", "grpo"):
+        got, _ = _loss_of(fn, logps, old, adv, mask, loss_type, tokens, sequences)
+        want, _ = grpo_ssr.grpo_loss(logps, old, adv, mask, loss_type=loss_type, num_items_in_batch=tokens)
+        token_mean, _ = grpo_ssr.grpo_loss(logps, old, adv, mask, loss_type="dapo")
+        hint = (
+            "grpo is a mean of per-sequence means: average each sequence over its own tokens first, then over the "
+            "sequences (a mean over all tokens is dapo)"
+            if loss_type == "grpo" and abs(got.item() - token_mean.item()) < 1e-6
+            else f"with padding ({loss_type}): the padded tokens count: multiply by the completion mask before summing "
+            "(and mask the log-ratio before exp: a padded slot's log-probs are anything)"
+        )
+        _close(got, want.item(), 1e-6, hint)
+    # gradient accumulation: two micro-batches of unequal token counts (9 and 4 tokens, 3 sequences and 1)
+    parts = [slice(0, 3), slice(3, 4)]
+    for loss_type, hint in (
+        (
+            "dapo",
+            "dapo divides each micro-batch's summed token losses by the token count of the whole step (step_tokens), "
+            "not by its own: the micro-batches' losses must sum to the whole batch's",
+        ),
+        (
+            "grpo",
+            "grpo averages each sequence over its own tokens, sums those means and divides by the sequences of the "
+            "whole step (step_sequences): not a mean over tokens, and not over this micro-batch's sequences",
+        ),
+    ):
+        whole, _ = grpo_ssr.grpo_loss(logps, old, adv, mask, loss_type=loss_type, num_items_in_batch=tokens)
+        got = [_loss_of(fn, logps[p], old[p], adv[p], mask[p], loss_type, tokens, sequences)[0] for p in parts]
+        want = [
+            grpo_ssr.grpo_loss(
+                logps[p], old[p], adv[p], mask[p], loss_type=loss_type, num_items_in_batch=tokens, num_sequences=4
+            )[0].item()
+            for p in parts
+        ]
+        _close(
+            torch.stack(got), want, 1e-6, f"{hint} (yours sum to {float(sum(got)):.6g}, the batch's {whole.item():.6g})"
+        )
+    return True
+
+
+def _10_3(fn):
+    adv = torch.tensor([2.0, -1.0, 0.5, 3.0, -0.5, 1.0])  # slot 3 is empty: it still holds an evicted sample's 3.0
+    ages = torch.tensor([0.0, 1.0, 2.0, 5.0, 0.0, 3.0])
+    filled = torch.tensor([True, True, True, False, True, True])
+    got = _tensor_fn(fn, adv, ages, filled, 1.0, 2.0)
+    if got is None:
+        return None
+    _require(got.shape == (6,), f"expected one probability per slot, shape (6,), got {tuple(got.shape)}")
+    _require(
+        float(got[3]) == 0,
+        f"got {_show(got)}: an empty slot must get probability 0, whatever advantage it still holds",
+    )
+    w = adv.abs().double() * torch.exp(-ages.double() / 2) * filled
+    if torch.allclose(got, (w * torch.exp(ages.double())) / (w * torch.exp(ages.double())).sum(), atol=1e-6):
+        hint = "the decay must favour the young: exp(-age / age_decay), not exp(+age / age_decay)"
+    else:
+        hint = "P(i) = |A_i|^alpha * exp(-age_i / age_decay) / the sum over the filled slots"
+    _close(got, w / w.sum(), 1e-6, hint)
+    w2 = adv.abs().double() ** 2 * torch.exp(-ages.double() / 2) * filled
+    _close(_tensor_fn(fn, adv, ages, filled, 2.0, 2.0), w2 / w2.sum(), 1e-6, "with alpha = 2: |A|^alpha, use alpha")
+    # the real buffer: samples added over several steps, the oldest evicted by max_age, then compared with its own
+    buffer = grpo_ssr.SSRReplayBuffer(capacity=8, alpha=0.5, max_age=3, age_decay=1.5)
+    for step, advantages in enumerate([[1.0, 0.0, -2.0], [0.5, 4.0], [0.0, -1.0, 2.5], [3.0], [-0.25, 1.5]]):
+        buffer.advance_to(step)
+        buffer.add([{"advantages": torch.tensor(a), "step": step} for a in advantages])
+    buffer.advance_to(5)
+    slots_adv = torch.tensor([0.0 if s is None else float(s["advantages"]) for s in buffer.slots])
+    filled = torch.tensor([s is not None for s in buffer.slots])
+    held = (buffer.next_slot - buffer.size + torch.arange(buffer.size)) % buffer.capacity
+    want = torch.zeros(8, dtype=torch.float64)
+    want[held] = buffer.probabilities()
+    got = _tensor_fn(fn, slots_adv, buffer.clock - buffer.made_at, filled, buffer.alpha, buffer.age_decay)
+    _close(got, want, 1e-6, "on a real SSRReplayBuffer (alpha 0.5, age_decay 1.5, some slots evicted) yours differ")
+    zero = _tensor_fn(fn, torch.tensor([1.0, 0.0, 2.0]), torch.zeros(3), torch.ones(3, dtype=torch.bool), 0.0, 0.0)
+    _close(zero, [0.5, 0.0, 0.5], 1e-6, "with alpha = 0 and a zero advantage: |0| ** 0 is 1, but 0 must stay 0")
+    return True
+
+
+def _step_batch(seed: int = 0, prompts: int = 4, G: int = 4, C: int = 12, temperature: float = 0.7):
+    """The tiny model and one generation batch of it (left-padded prompts of unequal lengths), scored by reward_len."""
+    torch.manual_seed(seed)
+    model, tok = grpo_ssr.load_model("tiny")
+    rows = grpo_ssr.builtin_prompts()[:prompts]
+    batch = grpo_ssr.generate_completions(model, tok, grpo_ssr.prompt_texts(rows, tok), G, 512, C, temperature)
+    rewards, _, _ = grpo_ssr.score_generations(batch, rows, G, tok, [grpo_ssr.reward_len], [1.0])
+    batch["advantages"] = grpo_ssr.group_advantages(rewards, G)
+    return model, batch
+
+
+def _micro_batches(batch: dict, n: int) -> list[dict]:
+    size = len(batch["advantages"]) // n
+    return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(n)]
+
+
+def _reference_step(model, optimizer, micro_batches, cfg, temperature=None, clip=True, old_after=False, zero=True):
+    """GRPOStep's core, with grpo_ssr's own pieces; the keywords make the mistakes the hints name."""
+    T = cfg.temperature if temperature is None else temperature
+
+    def logps(mb):
+        ids = torch.cat([mb["prompt_ids"], mb["completion_ids"]], dim=1)
+        mask = torch.cat([mb["prompt_mask"], mb["completion_mask"]], dim=1)
+        return grpo_ssr.per_token_logps(model, ids, mask, mb["completion_ids"].size(1), T)
+
+    with torch.no_grad():
+        old = [logps(mb) for mb in micro_batches]
+    tokens = float(sum(mb["completion_mask"].sum() for mb in micro_batches))
+    sequences = sum(len(mb["advantages"]) for mb in micro_batches)
+    for _ in range(cfg.num_iterations):
+        if old_after:
+            with torch.no_grad():
+                old = [logps(mb) for mb in micro_batches]
+        for mb, old_logps in zip(micro_batches, old):
+            loss, _ = grpo_ssr.grpo_loss(
+                logps(mb),
+                old_logps,
+                mb["advantages"],
+                mb["completion_mask"],
+                epsilon_low=cfg.epsilon,
+                loss_type=cfg.loss_type,
+                num_items_in_batch=tokens,
+                num_sequences=sequences,
+            )
+            loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        if zero:
+            optimizer.zero_grad()
+
+
+def _moves(step, model, batch, micro_batches: int, cfg, lr: float, **mistakes) -> torch.Tensor:
+    """How far one call of `step` moves the weights, from a copy of `model`, with SGD (every factor of the gradient
+    shows in the update; AdamW would hide its scale). The reference's when `step` is None."""
+    import copy
+
+    model = copy.deepcopy(model)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    mbs = _micro_batches(batch, micro_batches)
+    if step is None:
+        _reference_step(model, optimizer, mbs, cfg, **mistakes)
+    elif step(model, optimizer, mbs, cfg) is None:
+        return None
+    return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+
+
+def _same_move(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """The same update to within a thousandth of its largest move (the solution's is within about 1e-6)."""
+    return float((got - want).abs().max()) <= 1e-3 * float(want.abs().max()) + 1e-9
+
+
+@_one_thread
+def _10_4(fn):
+    model, batch = _step_batch()
+    cases = [  # (what it tries, micro-batches, settings)
+        ("one micro-batch, one iteration, no clipping", 1, dict(num_iterations=1, max_grad_norm=1e6)),
+        ("the gradient clipped to max_grad_norm 0.01", 1, dict(num_iterations=1, max_grad_norm=0.01)),
+        ("two micro-batches (dapo)", 2, dict(num_iterations=1, max_grad_norm=0.01)),
+        ("two micro-batches, num_iterations 2 (grpo)", 2, dict(num_iterations=2, max_grad_norm=0.01, loss_type="grpo")),
+    ]
+    for what, n, settings in cases:
+        cfg = grpo_ssr.GRPOConfig(**{"temperature": 0.7, "loss_type": "dapo", **settings})
+        lr = 1.0 if settings["max_grad_norm"] > 1 else 10.0
+        got = _moves(fn, model, batch, n, cfg, lr)
+        if got is None:
+            return None
+        want = _moves(None, model, batch, n, cfg, lr)
+        if _same_move(got, want):
+            continue
+        mistakes = [
+            (
+                dict(temperature=1.0),
+                "divide the logits by the sampling temperature (cfg.temperature) before the "
+                "log-softmax: the log-probs must describe the distribution the completions were drawn from",
+            ),
+            (
+                dict(clip=False),
+                "clip the gradient's global norm to cfg.max_grad_norm (torch.nn.utils.clip_grad_norm_) "
+                "after the micro-batches' backward passes, before optimizer.step()",
+            ),
+            (
+                dict(old_after=True),
+                "the old log-probs must be the sampling policy's: compute them once, before the "
+                "first update, and keep them for every iteration (taken after an update, the ratio is 1 again)",
+            ),
+            (
+                dict(zero=False),
+                "zero the gradients after each optimizer step (optimizer.zero_grad()): else the next "
+                "step adds its gradient onto the last one's",
+            ),
+        ]
+        named = [hint for kwargs, hint in mistakes if _same_move(got, _moves(None, model, batch, n, cfg, lr, **kwargs))]
+        if float(got.abs().max()) == 0:
+            named = [
+                "the weights did not move. If the old log-probs carry a graph, logp - old is 0 and so is its "
+                "gradient: compute them under torch.no_grad() (or .detach() them)"
+            ]
+        raise NotYet(
+            f"{what}: the weights moved differently from the reference's (largest difference "
+            f"{float((got - want).abs().max()):.3g}, largest move {float(want.abs().max()):.3g}). "
+            + (
+                named[0]
+                if named
+                else "check the forward (positions from the attention mask; the logits at t predict "
+                "token t + 1), the loss and its divisors, backward per micro-batch and one optimizer step per iteration"
+            )
+        )
+    return True
+
+
+CHECKS.update({"10.1": _10_1, "10.2": _10_2, "10.3": _10_3, "10.4": _10_4})
+QUIZZES["10.Q"] = [
+    (
+        "5c22ca423bcbc753",
+        "Section 5: at the first iteration the old log-probs come from the very weights being trained.",
+    ),
+    ("fd02fdb63ecfd120", "Section 5: what is the gradient of exp(logp - old) when old is logp itself, graph and all?"),
+    ("20b46d4dd59f5e73", "Section 3: dapo divides by the token count of the whole step, not of the micro-batch."),
+]
+CHECKS["10.Q"] = functools.partial(_quiz, "10.Q")

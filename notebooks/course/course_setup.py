@@ -56,10 +56,15 @@ BUDGET_FILES = tuple(
     for arm in ("grpo", "dapo", "grpo_matched", "ssr_fresh")
     for seed in range(16, 32)
 )
+# The exercises' solutions: notebook 10 runs the solution of each exercise not answered yet (`import solutions`).
+SOLUTION_FILES = tuple(
+    f"notebooks/course/solutions/{name}.py" for name in ("__init__", *(f"nb{n:02d}" for n in range(1, 11)), "study01")
+)
 COURSE_FILES = (
     "grpo_ssr.py",
     "notebooks/course/course_setup.py",
     "notebooks/course/checks.py",
+    *SOLUTION_FILES,
     "notebooks/study/run_study.py",
     "tests/benchmarks/results/recipe_cpu/summary.json",
     *STUDY_FILES,
