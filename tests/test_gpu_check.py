@@ -388,3 +388,18 @@ def test_lean_check_fails_when_lean_logps_falls_back_to_the_full_path(small_mode
     monkeypatch.setattr(grpo_ssr, "lean_logps", fallback)
     problems = gpu_check.lean_check(small_model[0], CPU, "float32", True, 0, {})
     assert problems == ["lean_logps ran the output head module: it fell back to the full path, nothing compared"]
+
+
+def test_a_resume_that_loses_the_optimizer_state_fails_resume(session, monkeypatch):
+    real = grpo_ssr.GRPOTrainer.load_checkpoint
+
+    def forgetful(self, path):
+        real(self, path)
+        self.optimizer.state.clear()  # AdamW starts its moments afresh
+
+    monkeypatch.setattr(grpo_ssr.GRPOTrainer, "load_checkpoint", forgetful)
+    session.attempt("resume")
+    assert session.checks["resume"].startswith("fail: step 4: grad_norm ")  # step 3's update used fresh moments
+    ref, resumed = session.runs["resume_ref"]["history"][-1], session.runs["resumed"]["history"][-1]
+    rel, abs_ = gpu_check.RESUME_TOLERANCE["cuda"]["grad_norm"]
+    assert abs(ref["grad_norm"] - resumed["grad_norm"]) > abs_ + rel * ref["grad_norm"]  # CUDA's tolerance fails it too

@@ -92,9 +92,9 @@ every 3 of 6 steps) and `dynamic` (tiny, dynamic_sampling, gradient_accumulation
   should a kernel still not be deterministic: reward within 0.05 (reward_len's mean over 16 integer character
   counts moves in steps of 1/16), loss and grad_norm within 1e-6 + 1e-3 |value| (the loss is ~1e-8 here: each
   sample trains in the step that made it, ratio 1, and the advantages sum to 0). A resume that loses the RNG state
-  samples other completions: the reward moves by whole characters. One that loses the optimizer state (measured on
-  the tiny model on a CPU, 2026-12-03) changed the next steps' reward by 1.25 and loss by 0.05; on CUDA the
-  grad_norm is its surest sign, and the exact CPU comparison catches it in any case.
+  samples other completions: the reward moves by whole characters. One that loses the optimizer state changed, on
+  the --small model on a CPU (2026-12-05), step 4's grad_norm by 2.3% (0.559 to 0.546), 20 times the CUDA
+  tolerance; on the tiny model at lr 1e-3 (2026-12-03), the reward by 1.25 and the loss by 0.05.
 - lean_logps: grpo_ssr.lean_logps (the logits a chunk of 128 tokens at a time) against grpo_ssr.per_token_logps (all
   logits at once) on the benchmark model, on the device and in its precision, 4 rows of 64 prompt and 256
   completion tokens (32 and 48 with --small), one left-padded, one ended early, temperature 0.7: the log-probs (max
