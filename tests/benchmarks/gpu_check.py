@@ -900,13 +900,11 @@ class Session:
         problems = []
         features = {
             "branches": dict(beta=0.04, replay_buffer_class="SSRReplayBuffer", ssr_mode="replace", num_iterations=2),
-            "dynamic": dict(dynamic_sampling=True, replay_buffer_class="ReplayBuffer", max_steps=3),
+            "dynamic": dict(dynamic_sampling=True, replay_buffer_class="ReplayBuffer", max_steps=3, eval_steps=0),
         }
         for name, more in features.items():
             model, tokenizer = tiny_model(self.args.seed)
             fields = tiny_fields(self.args, self.folder / name, **{**BRANCHES, **more})
-            if name == "dynamic":
-                fields["eval_steps"] = 0
             held_out = grpo_ssr.builtin_prompts(heldout=True) if name == "branches" else None
             try:
                 run = self.run(name, fields, model, tokenizer, held_out)
