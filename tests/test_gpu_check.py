@@ -260,6 +260,16 @@ def test_the_memory_bound_grows_with_the_activations_it_measures(small_model):
     assert small["state"] == 24 * params and small["bound"] > sum(small[k] for k in ("state", "activations", "head"))
 
 
+def test_memory_fails_below_the_weights_and_above_the_bound():
+    gib = 2**30
+    assert gpu_check.memory_failures(10 * gib, 2 * gib, 33 * gib) == []
+    assert gpu_check.memory_failures(0, 2 * gib, 33 * gib) == [
+        "peak 0.0 GiB, outside [2.0, 33.0] GiB (the weights' bytes, the bound)"
+    ]
+    assert gpu_check.memory_failures(None, 2 * gib, 33 * gib)[0].startswith("peak None GiB")
+    assert gpu_check.memory_failures(40 * gib, 2 * gib, 33 * gib)[0].startswith("peak 40.0 GiB")
+
+
 # --- the verdicts, on hand-built histories ----------------------------------------------------------------------------
 
 

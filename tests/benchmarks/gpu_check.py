@@ -340,6 +340,14 @@ def precision_failures(runs: dict, expected: str) -> list[str]:
     return problems
 
 
+def memory_failures(peak: int | None, weights: int, bound: float) -> list[str]:
+    """Empty when the peak allocated bytes are at least the weights' (the run used the device) and within the bound."""
+    if peak is not None and weights <= peak <= bound:
+        return []
+    gib = [None if x is None else round(x / 2**30, 2) for x in (peak, weights, bound)]
+    return [f"peak {gib[0]} GiB, outside [{gib[1]}, {gib[2]}] GiB (the weights' bytes, the bound)"]
+
+
 def branch_failures(rows: list[dict], record: dict, features: dict) -> list[str]:
     """Empty when grpo_config.json has each of `features` ({field: value}) and the training lines show each taken."""
     problems = [
@@ -829,9 +837,7 @@ class Session:
         peak = self.runs["ssr"]["peak"]
         weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
         measured.update(peak_gib=round(peak / 2**30, 3), weights_gib=round(weights / 2**30, 3))
-        if not weights <= peak <= bound["bound"]:
-            return [f"peak {peak / 2**30:.2f} GiB, outside [{weights / 2**30:.2f}, {bound['bound'] / 2**30:.2f}] GiB"]
-        return []
+        return memory_failures(peak, weights, bound["bound"])
 
     def check_parity_sampled(self) -> list[str]:
         t = self.trainer
@@ -869,6 +875,7 @@ class Session:
                 stack.enter_context(sdpa_kernel(SDPBackend.MATH))
             fields = qwen_fields(self.args, self.folder / "ref", **RESUME)
             reference = self.run("resume_ref", fields, *self.qwen())
+            del reference["trainer"]  # its model and optimizer state: freed before the next run builds its own
             free_memory(self.device)
             checkpoint = self.folder / "ref" / f"checkpoint-{middle}"
             fields = qwen_fields(self.args, self.folder / "resumed", **RESUME, resume_from_checkpoint=str(checkpoint))
