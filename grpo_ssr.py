@@ -23,7 +23,7 @@ import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypedDict
 
 # OpenMP's idle threads spin while they wait for work; beside another busy process they fight it for the cores and a
 # step takes several times as long. PASSIVE makes them sleep. It only counts before torch loads OpenMP; yours wins.
@@ -357,6 +357,20 @@ def grpo_loss(
 # 6. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
 
 
+class Sample(TypedDict):
+    """One completion as the buffers hold it, padded as in its generation batch (Tp prompt, C completion columns)."""
+
+    prompt_ids: torch.Tensor  # (Tp,) long, left-padded
+    prompt_mask: torch.Tensor  # (Tp,) long: 1 for the prompt's tokens
+    completion_ids: torch.Tensor  # (C,) long, right-padded
+    completion_mask: torch.Tensor  # (C,) long: 1 up to and including the first EOS
+    advantages: torch.Tensor  # () float
+    old_per_token_logps: Optional[torch.Tensor]  # (C,) float, 0 past the completion; None until GRPOStep.old_logps
+    ref_per_token_logps: Optional[torch.Tensor]  # (C,) float, the reference model's; None at beta 0
+    uid: int  # the sample's number, unique in this process's run
+    step: int  # the optimizer step that generated it
+
+
 def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
     """A batch dict of (B, ...) tensors (or lists) as B single-sample dicts. None values stay None."""
     size = next(len(v) for v in batch.values() if v is not None)
@@ -553,13 +567,7 @@ class Dist:
 
 class GRPOStep:
     """A run's state and its optimizer step (`train_step`), from a model, its tokenizer, reward functions, a config
-    and prompt rows ({"prompt": ...} and the columns the rewards read).
-
-    The ratio's "old" log-probs are those of the policy that sampled each sample. Where every sample first trains in
-    the step that made it, before any update (plain GRPO; SSR fill at num_iterations 1), its first training forward
-    gives them, detached; elsewhere (SSR replace may first draw it later) a forward at generation does. The sample
-    keeps them, so a replay's ratio measures how far the policy has moved since (the seed's pull request used the
-    current ones: a replay's ratio was 1)."""
+    and prompt rows ({"prompt": ...} and the columns the rewards read)."""
 
     autocast = nullcontext  # bf16 autocast where the device computes it: Part II decides
     logps = staticmethod(per_token_logps)  # or a function of its signature: Part II's leaner one
@@ -585,8 +593,6 @@ class GRPOStep:
         schedule = functools.partial(linear_schedule, warmup=cfg.warmup_steps, total=cfg.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.ssr_fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
-        trains_first_when_made = type(self.buffer) is ReplayBuffer or (self.ssr_fill and cfg.num_iterations == 1)
-        self.old_logps_at_generation = not trains_first_when_made  # see the class docstring
         self.batch: list[dict] = []  # the latest generation batch (zero advantages too); dynamic sampling: kept groups
         self.scored: dict = {}  # its rows, completions, rewards and advantages, for logging
         self.generation_metrics: dict = {}
@@ -740,9 +746,6 @@ class GRPOStep:
         )
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
-        batch["old_per_token_logps"] = None  # filled by the first training forward (the class docstring says when)
-        if self.old_logps_at_generation:
-            batch["old_per_token_logps"] = self.completion_logps(self.model, batch)
         batch["ref_per_token_logps"] = None if self.ref_model is None else self.completion_logps(self.ref_model, batch)
         size = len(rewards)
         batch["uid"] = list(range(self.sample_uid, self.sample_uid + size))
@@ -752,7 +755,9 @@ class GRPOStep:
         self.generation_metrics = self.generation_batch_metrics(batch, rewards, per_function, advantages)
         self.scored = dict(rows=rows, completions=completions, rewards=rewards, advantages=advantages)
         self.scored["per_function"] = per_function
-        return split_tensor_dict(batch)
+        samples = split_tensor_dict(batch)
+        self.old_logps(samples, batch)
+        return samples
 
     def completion_logps(self, model, batch: dict) -> torch.Tensor:
         """The log-probs of a batch's completion tokens under `model` (the policy or the reference). (B, C)"""
@@ -780,16 +785,27 @@ class GRPOStep:
         trained = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
         return [trained[i * n : (i + 1) * n] for i in range(k)]
 
-    def old_logps(self, samples: list[dict], batch: dict, logps: torch.Tensor) -> torch.Tensor:
-        """The micro-batch's old log-probs (B, C): each sample's stored ones; for a sample trained here for the first
-        time, this forward's own, detached, which the sample (the buffer holds it) then keeps for its replays."""
-        current = logps.detach()
-        first = [s["old_per_token_logps"] is None for s in samples]
-        for s, row, is_first in zip(samples, current, first):
-            if is_first:
-                n = int(s["completion_mask"].sum())
+    def old_logps(self, samples: list[Sample], batch: dict, logps: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The ratio's old log-probs, set here and nowhere else: those of the policy that sampled each sample. Where a
+        sample first trains in the step that made it, before any update (plain GRPO, and SSR fill at num_iterations
+        1), its first training forward gives them, detached, saving a forward; elsewhere (SSR replace may first draw
+        it steps later) a forward at generation does. The sample keeps them, so a replay's ratio measures how far the
+        policy moved since; TRL's replay pull request used the current ones, so a replay's ratio was 1.
+        Called at generation (`logps` None) and at each training forward with its log-probs `logps`; `batch` is the
+        samples as one padded batch. Returns the batch's old log-probs, 0 past each completion. (B, C)"""
+        if logps is None:  # at generation
+            for s in samples:
+                s["old_per_token_logps"] = None
+            if type(self.buffer) is ReplayBuffer or (self.ssr_fill and self.cfg.num_iterations == 1):
+                return None  # every sample first trains in this step, before any update
+            logps = self.completion_logps(self.model, batch)
+        old = []
+        for s, row in zip(samples, logps.detach()):
+            n = int(s["completion_mask"].sum())  # its tokens, the first n of its completion
+            if s["old_per_token_logps"] is None:  # this is the sample's first forward
                 s["old_per_token_logps"] = F.pad(row[:n], (0, s["completion_mask"].numel() - n))
-        return torch.where(torch.tensor(first, device=current.device)[:, None], current, batch["old_per_token_logps"])
+            old.append(F.pad(s["old_per_token_logps"][:n], (0, logps.size(1) - n)))
+        return torch.stack(old)
 
     # Every number a step reports, gathered here.
 
@@ -856,14 +872,10 @@ def linear_schedule(step: int, warmup: int, total: int) -> float:
     return step / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
 
 
-def collate(samples: list[dict], pad_id: int) -> dict:
-    """A micro-batch as one padded batch. A sample not yet trained has no old log-probs: zeros hold its row until
-    GRPOStep.old_logps replaces them with the training forward's."""
+def collate(samples: list[Sample], pad_id: int) -> dict:
+    """A micro-batch as one padded batch, without the old log-probs: GRPOStep.old_logps gives those. (B, ...)"""
     padded = repad(samples, pad_id)
-    for s in padded:
-        if s["old_per_token_logps"] is None:
-            s["old_per_token_logps"] = torch.zeros_like(s["completion_ids"], dtype=torch.float32)
-    return combine_tensor_dict(padded)
+    return combine_tensor_dict([{k: v for k, v in s.items() if k != "old_per_token_logps"} for s in padded])
 
 
 def effective_sample_size(buffer: ReplayBuffer) -> float:
