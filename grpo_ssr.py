@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 # Steps 1-3 run every num_iterations steps (GRPO's mu), or again when there is nothing to train on.
 # ======================================================================================================================
 
-# 0. The settings of the algorithm; GRPOConfig, in Part II, adds those of running it. Names follow TRL's.
+# 0. The settings of the algorithm, named as TRL names them; those of running it are not Part I's.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {
@@ -203,7 +203,7 @@ def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
 
 
 # 2. Scoring: a reward function has TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or
-# None) each. The seed's length reward and the others are a run's choice: Part II holds them.
+# None) each. Which functions score a run is the run's choice, not the algorithm's.
 
 
 def score_generations(
@@ -272,7 +272,7 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
 def per_token_logps(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Log-probs of the last `logits_to_keep` tokens, all logits at once (lean_logps chunks them). (B, T) -> (B, C)"""
+    """Log-probs of the last `logits_to_keep` tokens, from all their logits at once. (B, T) -> (B, C)"""
     positions = positions_from_mask(attention_mask)
     out = model(
         input_ids=input_ids,
@@ -383,7 +383,7 @@ def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: None if v[0] is None else torch.stack(v) if torch.is_tensor(v[0]) else v for k, v in values.items()}
 
 
-def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
+def repad(samples: list[Sample], padding_value: int) -> list[Sample]:
     """Drop each sample's padding, then pad all to the longest prompt (left) and completion (right): samples from
     different generation batches stack with the least padding. Log-probs follow the completion mask."""
 
@@ -417,7 +417,7 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, seed: int = 0):
         self.capacity = capacity
-        self.slots: list[Optional[dict]] = [None] * capacity
+        self.slots: list[Optional[Sample]] = [None] * capacity
         self.next_slot = 0  # where the next sample goes; once full, also the oldest sample
         self.size = 0
         self.generator = torch.Generator().manual_seed(seed)
@@ -427,12 +427,12 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def _store(self, sample: dict) -> None:
+    def _store(self, sample: Sample) -> None:
         self.slots[self.next_slot] = sample  # overwrites the oldest when full: FIFO eviction
         self.next_slot = (self.next_slot + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def add(self, samples: list[dict]) -> None:
+    def add(self, samples: list[Sample]) -> None:
         for s in samples:
             self._store(s)
         self.queue_pos = len(self.queue)  # reset the queue: the next draw reshuffles
@@ -443,7 +443,7 @@ class ReplayBuffer:
     def advance_to(self, step: int) -> None:
         """The trainer's step, for buffers whose samples age (SSRReplayBuffer); the uniform buffer has no clock."""
 
-    def sample(self, n: int) -> list[dict]:
+    def sample(self, n: int) -> list[Sample]:
         if self.size < n:
             raise ValueError(f"{type(self).__name__} holds {self.size} samples, cannot draw {n} without replacement")
         if self.queue_pos + n > len(self.queue):
@@ -472,7 +472,7 @@ class SSRReplayBuffer(ReplayBuffer):
         self.clock = 0  # the optimizer step being trained; ages are counted against it
         self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
 
-    def add(self, samples: list[dict]) -> None:
+    def add(self, samples: list[Sample]) -> None:
         for s in samples:
             adv = abs(float(s["advantages"]))
             if adv == 0.0:
@@ -512,7 +512,7 @@ class SSRReplayBuffer(ReplayBuffer):
         p = self._weights()[held]
         return p / p.sum()
 
-    def sample(self, n: int) -> list[dict]:
+    def sample(self, n: int) -> list[Sample]:
         weights = self._weights()
         if not weights.sum() > 0:
             raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old")
@@ -548,7 +548,7 @@ class PromptSampler:
 
 
 class Dist:
-    """This process's place in a run, the only one; Part II's `Torchrun` spans several. `reduce` sums (or maxes) each
+    """This process's place in a run, here the only one; a subclass spans several. `reduce` sums (or maxes) each
     value over the processes (each must pass as many), `sum_gradients` each gradient, once a step."""
 
     world_size = 1
@@ -569,9 +569,9 @@ class GRPOStep:
     """A run's state and its optimizer step (`train_step`), from a model, its tokenizer, reward functions, a config
     and prompt rows ({"prompt": ...} and the columns the rewards read)."""
 
-    autocast = nullcontext  # bf16 autocast where the device computes it: Part II decides
-    logps = staticmethod(per_token_logps)  # or a function of its signature: Part II's leaner one
-    dist = Dist()  # Part II's Torchrun under torchrun
+    autocast = nullcontext  # a bf16 autocast may replace it where the device computes bf16
+    logps_fn = staticmethod(per_token_logps)  # a leaner function of the same signature may replace it
+    dist = Dist()  # one process; a Dist over several may replace it
 
     def __init__(
         self, model, tokenizer, reward_funcs: list, cfg: AlgorithmConfig, dataset: list[dict], reward_weights=None
@@ -593,7 +593,7 @@ class GRPOStep:
         schedule = functools.partial(linear_schedule, warmup=cfg.warmup_steps, total=cfg.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.ssr_fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
-        self.batch: list[dict] = []  # the latest generation batch (zero advantages too); dynamic sampling: kept groups
+        self.generation_batch: list[Sample] = []  # the latest one, zero advantages too; dynamic sampling: kept groups
         self.scored: dict = {}  # its rows, completions, rewards and advantages, for logging
         self.generation_metrics: dict = {}
         self.step = 0  # steps without an update count too, so max_steps bounds the run
@@ -612,7 +612,7 @@ class GRPOStep:
         micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
         has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # at beta 0, the gradient
         empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(has_signal)
-        trained = []  # what each micro-batch trained, for the metrics
+        results = []  # each micro-batch's samples, loss and log-probs, for the metrics
         update = {}
         if micro_batches and not empty:
             tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
@@ -643,10 +643,10 @@ class GRPOStep:
                 loss.backward()
                 # ---------------------------------------------------------------------------------------------------
                 mask = batch["completion_mask"]
-                trained.append(
+                results.append(
                     dict(samples=samples, loss=loss.item(), stats=stats, logps=logps.detach(), old=old, mask=mask)
                 )
-            update = self.update(sum(t["loss"] for t in trained))
+            update = self.update(sum(t["loss"] for t in results))
         elif micro_batches:  # --skip_empty_steps: a zero gradient, yet AdamW's momentum would still move the weights
             self.counters["empty_steps_skipped"] += 1
         else:
@@ -660,7 +660,7 @@ class GRPOStep:
         with warnings.catch_warnings():  # torch warns when the schedule moves before any update: intended here
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
-        metrics = self.metrics(micro_batches, trained, update, generated, retries)
+        metrics = self.metrics(micro_batches, results, update, generated, retries)
         return {**metrics, "step_time": time.perf_counter() - start}
 
     def update(self, loss: float) -> dict:
@@ -685,42 +685,44 @@ class GRPOStep:
         cfg = self.cfg
         batches = []
         dropped = 0
-        self.batch = []
+        self.generation_batch = []
         while not batches or (len(batches) <= cfg.max_generation_retries and self.dist.any(self.wants_more())):
             samples = self.generate_batch()
             batches.append(self.generation_metrics)
             if not cfg.dynamic_sampling:
-                self.batch = samples
+                self.generation_batch = samples
                 self.buffer.add(samples)
                 continue
             for i in range(0, len(samples), cfg.num_generations):
                 group = samples[i : i + cfg.num_generations]
-                if len(self.batch) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
-                    self.batch += group
+                if len(self.generation_batch) < cfg.generation_batch_size and any(
+                    float(s["advantages"]) != 0 for s in group
+                ):
+                    self.generation_batch += group
                 else:
                     dropped += 1
         self.generation_metrics = mean_metrics(batches)
         if cfg.dynamic_sampling:
             self.generation_metrics["groups_dropped"] = float(dropped)
-            self.generation_metrics["frac_batch_filled"] = len(self.batch) / cfg.generation_batch_size
+            self.generation_metrics["frac_batch_filled"] = len(self.generation_batch) / cfg.generation_batch_size
         return len(batches) - 1
 
     def wants_more(self) -> bool:
         if self.cfg.dynamic_sampling:  # a full batch of groups with spread
-            return len(self.batch) < self.cfg.generation_batch_size
+            return len(self.generation_batch) < self.cfg.generation_batch_size
         return not self.can_train()
 
     def can_train(self) -> bool:
         """Dynamic sampling: a kept group; SSR fill: a non-zero sample in the batch, or one to draw; otherwise a
         buffer that can serve a micro-batch."""
         if self.cfg.dynamic_sampling:
-            return len(self.batch) > 0
-        if self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.batch):
+            return len(self.generation_batch) > 0
+        if self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.generation_batch):
             return True
         return self.buffer.can_sample(self.cfg.per_device_train_batch_size)
 
     @torch.no_grad()
-    def generate_batch(self) -> list[dict]:
+    def generate_batch(self) -> list[Sample]:
         """Sample one generation batch, score it, compute its advantages (and, where due, its old and reference
         log-probs), and return it as single samples ready for the buffer. Each process takes whole groups."""
         cfg = self.cfg
@@ -764,9 +766,9 @@ class GRPOStep:
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with self.autocast():
-            return self.logps(model, ids, mask, batch["completion_ids"].size(1), self.cfg.temperature)
+            return self.logps_fn(model, ids, mask, batch["completion_ids"].size(1), self.cfg.temperature)
 
-    def assemble(self) -> list[list[dict]]:
+    def assemble(self) -> list[list[Sample]]:
         """The step's samples, as gradient_accumulation_steps micro-batches. Plain GRPO and SSR replace draw every
         micro-batch from the buffer (the uniform one holds exactly the generation batch, so each sample trains once a
         step); dynamic sampling trains its kept groups; SSR fill trains every non-zero sample of the generation batch
@@ -774,16 +776,16 @@ class GRPOStep:
         n = self.cfg.per_device_train_batch_size
         k = self.cfg.gradient_accumulation_steps
         if self.cfg.dynamic_sampling:
-            return [mb for mb in (self.batch[i * n : (i + 1) * n] for i in range(k)) if mb]
-        if not self.ssr_fill:  # Departure (replace, the seed's pull request): the paper adds replays to a fresh batch
+            return [mb for mb in (self.generation_batch[i * n : (i + 1) * n] for i in range(k)) if mb]
+        if not self.ssr_fill:  # Departure (replace, TRL's replay pull request): the paper adds replays to a new batch
             return [self.buffer.sample(n) for _ in range(k)]
-        nonzero = [s for s in self.batch if float(s["advantages"]) != 0]
-        zeros = [s for s in self.batch if float(s["advantages"]) == 0]
-        # Departure (fill): the paper augments the fresh batch; fill keeps the batch's size and replays into the slots
+        nonzero = [s for s in self.generation_batch if float(s["advantages"]) != 0]
+        zeros = [s for s in self.generation_batch if float(s["advantages"]) == 0]
+        # Departure (fill): the paper augments the new batch; fill keeps the batch's size and replays into the slots
         # that would teach nothing. The buffer already holds this batch's non-zero samples, and age decay weighs
         # them highest, so some draws train a sample of this batch a second time.
-        trained = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
-        return [trained[i * n : (i + 1) * n] for i in range(k)]
+        samples = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
+        return [samples[i * n : (i + 1) * n] for i in range(k)]
 
     def old_logps(self, samples: list[Sample], batch: dict, logps: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The ratio's old log-probs, set here and nowhere else: those of the policy that sampled each sample. Where a
@@ -826,16 +828,16 @@ class GRPOStep:
             metrics[f"rewards/{getattr(f, '__name__', type(f).__name__)}"] = per_function[:, j].nanmean().item()
         return metrics
 
-    def metrics(self, micro_batches: list, trained: list[dict], update: dict, generated: bool, retries: int) -> dict:
+    def metrics(self, micro_batches: list, results: list[dict], update: dict, generated: bool, retries: int) -> dict:
         """The step's line of metrics: its generation, its update, and what it trained: how much of it is replayed,
         old, duplicated or without signal."""
         metrics = {"step": self.step, **self.generation_metrics, "generated": int(generated)}
         metrics["generation_retries"] = retries
-        if trained:
-            metrics["loss"] = sum(t["loss"] for t in trained)
+        if results:
+            metrics["loss"] = sum(r["loss"] for r in results)
             metrics.update(update)
-            for key in trained[0]["stats"]:  # clip_ratio (and kl): the mean over the micro-batches
-                metrics[key] = sum(t["stats"][key].item() / len(trained) for t in trained)
+            for key in results[0]["stats"]:  # clip_ratio (and kl): the mean over the micro-batches
+                metrics[key] = sum(r["stats"][key].item() / len(results) for r in results)
         elif micro_batches:  # skipped for want of signal
             metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1, skipped=1)
         else:
@@ -854,10 +856,10 @@ class GRPOStep:
             metrics["adv_abs_trained"] = float(torch.stack([s["advantages"].abs() for s in samples]).mean())
         log_ratio = 0.0
         replayed_tokens = 0.0
-        for t in trained:  # the mean |log pi - log pi_old| of the replayed tokens: how far the policy moved since
-            replayed = torch.tensor([s["step"] < self.step - 1 for s in t["samples"]], device=t["logps"].device)
-            mask = t["mask"].bool() & replayed[:, None]
-            log_ratio += float((t["logps"] - t["old"]).abs()[mask].sum())
+        for r in results:  # the mean |log pi - log pi_old| of the replayed tokens: how far the policy moved since
+            replayed = torch.tensor([s["step"] < self.step - 1 for s in r["samples"]], device=r["logps"].device)
+            mask = r["mask"].bool() & replayed[:, None]
+            log_ratio += float((r["logps"] - r["old"]).abs()[mask].sum())
             replayed_tokens += float(mask.sum())
         if replayed_tokens > 0:
             metrics["replay_abs_log_ratio"] = log_ratio / replayed_tokens
@@ -1811,7 +1813,7 @@ class GRPOTrainer(GRPOStep):
         dist.broadcast_parameters(model.to(device))  # every rank starts from rank 0's weights
         self.dist = dist
         self.autocast = autocast
-        self.logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
+        self.logps_fn = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
         super().__init__(model, tokenizer, funcs, cfg, rows, weights)
         if self.ref_model is not None and ran_bf16:  # frozen: no float32 master weights, half the memory
             self.ref_model.to(torch.bfloat16)
@@ -2016,7 +2018,7 @@ class GRPOTrainer(GRPOStep):
             self.dist.barrier()
             own = {
                 "sample_uid": self.sample_uid,
-                "batch": self.batch,
+                "generation_batch": self.generation_batch,
                 "generation_metrics": self.generation_metrics,
                 "prompt_sampler": vars(self.prompt_sampler),
                 "buffer_generator": self.buffer.generator.get_state(),
@@ -2064,7 +2066,7 @@ class GRPOTrainer(GRPOStep):
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step = shared["step"]
         self.counters = shared["counters"]
-        self.batch = [to_device(s) for s in own["batch"]]
+        self.generation_batch = [to_device(s) for s in own["generation_batch"]]
         self.sample_uid = own["sample_uid"]
         self.generation_metrics = own["generation_metrics"]
         set_rng_states(own["rng"], self.device)

@@ -185,7 +185,7 @@ def test_every_nonzero_sample_of_every_group_is_buffered(cfg_factory, monkeypatc
 
 
 def test_every_trained_micro_batch_comes_from_the_buffer(cfg_factory, monkeypatch):
-    # replace, the pull request's design, whose draws this test follows
+    # replace, TRL's replay pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, gradient_accumulation_steps=2, max_steps=3)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
@@ -198,7 +198,7 @@ def test_every_trained_micro_batch_comes_from_the_buffer(cfg_factory, monkeypatc
 
 def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
     """If SSR were silently off (uniform draws), trained |A| would match the buffer's mean |A|; it must exceed it."""
-    # replace, the pull request's design, whose draws this test follows
+    # replace, TRL's replay pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=12, ssr_alpha=2.0)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     Spy(trainer, monkeypatch)
@@ -220,7 +220,7 @@ def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
 
 
 def test_replayed_samples_use_stored_logps_ratio_differs_and_clipping_engages(cfg_factory, monkeypatch):
-    # replace, the pull request's design, whose draws this test follows
+    # replace, TRL's replay pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=4, epsilon=0.01, learning_rate=1e-2)
     trainer = g.GRPOTrainer(cfg)
     spy = Spy(trainer, monkeypatch)

@@ -619,7 +619,7 @@ def _09_1(fn):
     ):
         for _ in range(2):
             step.train_step()
-            stored = torch.stack([torch.as_tensor(s["advantages"]).double().cpu() for s in step.batch])
+            stored = torch.stack([torch.as_tensor(s["advantages"]).double().cpu() for s in step.generation_batch])
             _close(
                 stored,
                 _leave_one_out(step.scored["rewards"], G),
