@@ -34,17 +34,18 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 # ======================================================================================================================
-# Part I: the algorithm. One optimizer step, `GRPOStep.train_step` (section 7), does in order:
+# Part I: the algorithm. One optimizer step, `GRPOStep.train_step`, does in order (each number is a section below):
 #   1. sample a group of num_generations completions for each prompt, with the policy    generate_completions
 #   2. score each completion with the reward functions                                      score_generations
 #   3. advantage: each reward minus its group's mean, over the group's std                 group_advantages
 #   4. the buffer keeps the samples; the step's micro-batches come from it                 ReplayBuffer, assemble
-#   5. per micro-batch: log-probs now and when sampled, the clipped loss, backward         per_token_logps, grpo_loss
-#   6. clip the gradient norm and take one AdamW step
+#   5. per micro-batch: the log-probs now, and when it was sampled (old)                   per_token_logps, old_logps
+#   6. per micro-batch: the clipped loss, and backward (the gradients add up)              grpo_loss
+#   7. clip the gradient norm and take one AdamW step                                      GRPOStep.update
 # Steps 1-3 run every num_iterations steps (GRPO's mu), or again when there is nothing to train on.
 # ======================================================================================================================
 
-# 0. The settings of the algorithm, named as TRL names them; those of running it are not Part I's.
+# The settings of the algorithm, named as TRL names them; those of running it are not Part I's.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {
@@ -266,95 +267,7 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(count > 1, var, math.nan).sqrt()
 
 
-# 4. Log-probabilities of the completion tokens, at the sampling temperature.
-
-
-def per_token_logps(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
-) -> torch.Tensor:
-    """Log-probs of the last `logits_to_keep` tokens, from all their logits at once. (B, T) -> (B, C)"""
-    positions = positions_from_mask(attention_mask)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        logits_to_keep=logits_to_keep + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1]  # (B, C, V): the logits at position t predict token t + 1
-    return selective_log_softmax(logits.float() / temperature, input_ids[:, -logits_to_keep:])
-
-
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
-    logits = logits.float()
-    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-# 5. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
-
-
-def grpo_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    epsilon_low: float = 0.2,
-    epsilon_high: Optional[float] = None,
-    beta: float = 0.0,
-    ref_logps: Optional[torch.Tensor] = None,
-    loss_type: str = "dapo",
-    use_bias_correction_kl: bool = True,
-    max_completion_length: Optional[int] = None,
-    num_micro_batches: int = 1,
-    num_items_in_batch: Optional[float] = None,
-    micro_batch_tokens: Optional[float] = None,
-    num_sequences: Optional[int] = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's loss, divided so that the micro-batches' losses sum to the step's. Log-probs and mask (B, C);
-    advantages (B,). The summed per-token loss is divided by:
-      grpo:    each sequence's token count, then num_sequences (default B * num_micro_batches): mean of sequence means
-      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches
-      dr_grpo: num_sequences * max_completion_length, a constant: no length bias
-      dapo:    num_items_in_batch, the tokens of the whole optimizer step (default: this micro-batch's)
-    k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi / pi_old, which makes
-    its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
-    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
-    mask = completion_mask.to(logps.dtype)
-    real = completion_mask.bool()  # the completion's tokens, not its padding
-    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
-    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
-    log_ratio = torch.where(real, logps - old_logps, 0.0)  # (B, C)
-    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
-    adv = advantages[:, None]  # (B, 1)
-    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
-    stats = {}
-    if beta > 0:
-        delta = torch.where(real, ref_logps - logps, 0.0)  # (B, C); 0 at padded slots
-        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
-        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
-        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
-    total = (per_token_loss * mask).sum()
-    sequences = num_sequences or mask.size(0) * num_micro_batches
-    if loss_type == "grpo":
-        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / sequences
-    elif loss_type == "bnpo":
-        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
-        loss = total / tokens / num_micro_batches
-    elif loss_type == "dr_grpo":
-        loss = total / (sequences * max_completion_length)
-    elif loss_type == "dapo":
-        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
-    else:
-        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
-    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
-    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
-    return loss, stats
-
-
-# 6. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
+# 4. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
 
 
 class Sample(TypedDict):
@@ -528,7 +441,95 @@ def make_buffer(cfg: AlgorithmConfig, seed: int = 0) -> ReplayBuffer:
     return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
-# 7. The step: generate, score, compute advantages, assemble the micro-batches from the buffer, and update.
+# 5. Log-probabilities of the completion tokens, at the sampling temperature.
+
+
+def per_token_logps(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-probs of the last `logits_to_keep` tokens, from all their logits at once. (B, T) -> (B, C)"""
+    positions = positions_from_mask(attention_mask)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        logits_to_keep=logits_to_keep + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # (B, C, V): the logits at position t predict token t + 1
+    return selective_log_softmax(logits.float() / temperature, input_ids[:, -logits_to_keep:])
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
+    logits = logits.float()
+    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+# 6. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: Optional[float] = None,
+    beta: float = 0.0,
+    ref_logps: Optional[torch.Tensor] = None,
+    loss_type: str = "dapo",
+    use_bias_correction_kl: bool = True,
+    max_completion_length: Optional[int] = None,
+    num_micro_batches: int = 1,
+    num_items_in_batch: Optional[float] = None,
+    micro_batch_tokens: Optional[float] = None,
+    num_sequences: Optional[int] = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's loss, divided so that the micro-batches' losses sum to the step's. Log-probs and mask (B, C);
+    advantages (B,). The summed per-token loss is divided by:
+      grpo:    each sequence's token count, then num_sequences (default B * num_micro_batches): mean of sequence means
+      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches
+      dr_grpo: num_sequences * max_completion_length, a constant: no length bias
+      dapo:    num_items_in_batch, the tokens of the whole optimizer step (default: this micro-batch's)
+    k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi / pi_old, which makes
+    its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    mask = completion_mask.to(logps.dtype)
+    real = completion_mask.bool()  # the completion's tokens, not its padding
+    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
+    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
+    log_ratio = torch.where(real, logps - old_logps, 0.0)  # (B, C)
+    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
+    adv = advantages[:, None]  # (B, 1)
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
+    stats = {}
+    if beta > 0:
+        delta = torch.where(real, ref_logps - logps, 0.0)  # (B, C); 0 at padded slots
+        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
+        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
+        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
+    total = (per_token_loss * mask).sum()
+    sequences = num_sequences or mask.size(0) * num_micro_batches
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / sequences
+    elif loss_type == "bnpo":
+        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
+        loss = total / tokens / num_micro_batches
+    elif loss_type == "dr_grpo":
+        loss = total / (sequences * max_completion_length)
+    elif loss_type == "dapo":
+        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
+    else:
+        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
+    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, stats
+
+
+# 7. The step: train_step runs 1-6 (generation only when due), then updates the weights.
 
 
 class PromptSampler:

@@ -1,4 +1,4 @@
-"""Log-probabilities and the loss (Part I, 4-5, and Part II's memory-lean path): per_token_logps against the full
+"""Log-probabilities and the loss (Part I, 5-6, and Part II's memory-lean path): per_token_logps against the full
 logits, grpo_loss by hand for every loss_type, the k3 KL and its bias correction, gradient accumulation against one
 big batch, and the lean path (values, gradients, memory, and the probe that turns it off)."""
 
