@@ -239,13 +239,13 @@ def score_generations(
 
 
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool | str = "group") -> torch.Tensor:
-    """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group"), by the whole batch's std + 1e-4 ("batch") or
+    """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group"), by its batch's std + 1e-4 ("batch") or
     by nothing ("none"), as TRL's scale_rewards. (B,) -> (B,). A NaN reward (unscorable) is left out of its group's
     mean and std and gets advantage 0, as in TRL. A group with zero spread gets exactly 0: SSR relies on that."""
     grouped = rewards.view(-1, num_generations)  # (B/G, G)
     adv = grouped - grouped.nanmean(dim=1, keepdim=True)
-    if scale_rewards == "batch":
-        adv = adv / (nanstd(rewards, dim=0) + 1e-4)  # one std for every group (PPO Lite); under torchrun, this rank's
+    if scale_rewards == "batch":  # one std for every group: that of this process's generation batch, not the job's
+        adv = adv / (nanstd(rewards, dim=0) + 1e-4)
     elif scale_rewards not in (False, "none"):
         adv = adv / (nanstd(grouped, dim=1) + 1e-4)  # unbiased std, as in TRL
     adv = torch.where(zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv)
@@ -267,12 +267,10 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(count > 1, var, math.nan).sqrt()
 
 
-# 4. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
+# 4. Replay buffers and repad. Buffers hold single samples, each padded as in its generation batch (Tp, C columns).
 
 
 class Sample(TypedDict):
-    """One completion as the buffers hold it, padded as in its generation batch (Tp prompt, C completion columns)."""
-
     prompt_ids: torch.Tensor  # (Tp,) long, left-padded
     prompt_mask: torch.Tensor  # (Tp,) long: 1 for the prompt's tokens
     completion_ids: torch.Tensor  # (C,) long, right-padded
@@ -484,13 +482,12 @@ def grpo_loss(
     max_completion_length: Optional[int] = None,
     num_micro_batches: int = 1,
     num_items_in_batch: Optional[float] = None,
-    micro_batch_tokens: Optional[float] = None,
     num_sequences: Optional[int] = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's loss, divided so that the micro-batches' losses sum to the step's. Log-probs and mask (B, C);
-    advantages (B,). The summed per-token loss is divided by:
+    advantages (B,). The summed per-token loss is divided by (GRPOStep.loss_settings counts the step's):
       grpo:    each sequence's token count, then num_sequences (default B * num_micro_batches): mean of sequence means
-      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches
+      bnpo:    this micro-batch's tokens, then num_micro_batches
       dr_grpo: num_sequences * max_completion_length, a constant: no length bias
       dapo:    num_items_in_batch, the tokens of the whole optimizer step (default: this micro-batch's)
     k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi / pi_old, which makes
@@ -516,8 +513,7 @@ def grpo_loss(
     if loss_type == "grpo":
         loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / sequences
     elif loss_type == "bnpo":
-        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
-        loss = total / tokens / num_micro_batches
+        loss = total / mask.sum().clamp(min=1) / num_micro_batches
     elif loss_type == "dr_grpo":
         loss = total / (sequences * max_completion_length)
     elif loss_type == "dapo":
@@ -604,50 +600,28 @@ class GRPOStep:
             self.counters["empty_steps_skipped"] = 0
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step: generate when due, assemble the micro-batches, accumulate the gradient, update."""
-        cfg = self.cfg
+        """One optimizer step: the map's 1-4 (`step_samples`), 5-6 for each micro-batch, then 7 (`update`)."""
         start = time.perf_counter()
-        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
-        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks, or none
-        retries = self.generate() if generated else 0
-        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
-        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # at beta 0, the gradient
-        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(has_signal)
-        results = []  # each micro-batch's samples, loss and log-probs, for the metrics
+        generated, retries, micro_batches, empty = self.step_samples()
+        results = []  # each micro-batch's samples, loss, stats and log-probs, for the metrics
         update = {}
         if micro_batches and not empty:
-            tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
-            step_tokens = self.dist.reduce([sum(tokens)])[0]  # dapo's divisor: every process's tokens
-            sequences = self.dist.reduce([sum(len(mb) for mb in micro_batches)])[0]  # grpo's and dr_grpo's
-            for samples, micro_batch_tokens in zip(micro_batches, tokens):
+            settings = self.loss_settings(micro_batches)
+            for samples in micro_batches:
                 # ---- the core of GRPO: log-probs now and when sampled, the clipped loss, backward ----------------
                 batch = collate(samples, self.tokenizer.pad_token_id)
+                mask = batch["completion_mask"]  # (B, C)
                 logps = self.completion_logps(self.model, batch)  # (B, C)
                 old = self.old_logps(samples, batch, logps)  # (B, C)
                 loss, stats = grpo_loss(
-                    logps,
-                    old,
-                    batch["advantages"],
-                    batch["completion_mask"],
-                    epsilon_low=cfg.epsilon,
-                    epsilon_high=cfg.epsilon_high,
-                    beta=cfg.beta,
-                    ref_logps=batch["ref_per_token_logps"],
-                    loss_type=cfg.loss_type,
-                    use_bias_correction_kl=cfg.use_bias_correction_kl,
-                    max_completion_length=cfg.max_completion_length,
-                    num_micro_batches=len(micro_batches) * self.dist.world_size,
-                    num_items_in_batch=step_tokens,
-                    micro_batch_tokens=micro_batch_tokens,
-                    num_sequences=sequences,
+                    logps, old, batch["advantages"], mask, ref_logps=batch["ref_per_token_logps"], **settings
                 )
                 loss.backward()
                 # ---------------------------------------------------------------------------------------------------
-                mask = batch["completion_mask"]
                 results.append(
                     dict(samples=samples, loss=loss.item(), stats=stats, logps=logps.detach(), old=old, mask=mask)
                 )
-            update = self.update(sum(t["loss"] for t in results))
+            update = self.update(sum(r["loss"] for r in results))
         elif micro_batches:  # --skip_empty_steps: a zero gradient, yet AdamW's momentum would still move the weights
             self.counters["empty_steps_skipped"] += 1
         else:
@@ -664,6 +638,24 @@ class GRPOStep:
         metrics = self.metrics(micro_batches, results, update, generated, retries)
         return {**metrics, "step_time": time.perf_counter() - start}
 
+    def loss_settings(self, micro_batches: list[list[Sample]]) -> dict:
+        """grpo_loss's settings for this step: the config's, and what its loss type divides by, counted over the whole
+        step and every process."""
+        cfg = self.cfg
+        tokens = float(sum(s["completion_mask"].sum() for mb in micro_batches for s in mb))
+        sequences, tokens = self.dist.reduce([sum(len(mb) for mb in micro_batches), tokens])
+        return dict(
+            epsilon_low=cfg.epsilon,
+            epsilon_high=cfg.epsilon_high,
+            beta=cfg.beta,
+            loss_type=cfg.loss_type,
+            use_bias_correction_kl=cfg.use_bias_correction_kl,
+            num_sequences=sequences,  # grpo's and dr_grpo's
+            max_completion_length=cfg.max_completion_length,  # dr_grpo's
+            num_micro_batches=len(micro_batches) * self.dist.world_size,  # bnpo's
+            num_items_in_batch=tokens,  # dapo's: the step's tokens
+        )
+
     def update(self, loss: float) -> dict:
         """Sum the gradient over the processes, clip its norm and take one AdamW step, unless it is not finite."""
         self.dist.sum_gradients(self.model)
@@ -677,7 +669,17 @@ class GRPOStep:
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": float(grad_norm), "skipped": int(not finite)}
 
-    # Steps 1-4 of the map: generate, score, advantages, the buffer, and the step's micro-batches.
+    def step_samples(self) -> tuple[bool, int, list[list[Sample]], bool]:
+        """The map's 1-4, decided by all processes together (`dist.any`): generate when due, or while nothing can train;
+        the micro-batches, none where a process has none; empty: skip_empty_steps, beta 0 and no advantage is not 0."""
+        cfg = self.cfg
+        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
+        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())
+        retries = self.generate() if generated else 0
+        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
+        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
+        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(has_signal)
+        return generated, retries, micro_batches, empty
 
     def generate(self) -> int:
         """Generate a batch into the buffer, and again (at most max_generation_retries times) while there is nothing
@@ -696,9 +698,8 @@ class GRPOStep:
                 continue
             for i in range(0, len(samples), cfg.num_generations):
                 group = samples[i : i + cfg.num_generations]
-                if len(self.generation_batch) < cfg.generation_batch_size and any(
-                    float(s["advantages"]) != 0 for s in group
-                ):
+                has_spread = any(float(s["advantages"]) != 0 for s in group)
+                if has_spread and len(self.generation_batch) < cfg.generation_batch_size:
                     self.generation_batch += group
                 else:
                     dropped += 1
@@ -756,8 +757,9 @@ class GRPOStep:
         self.sample_uid += size
         self.counters["reward_nan"] += int(per_function.isnan().sum())
         self.generation_metrics = self.generation_batch_metrics(batch, rewards, per_function, advantages)
-        self.scored = dict(rows=rows, completions=completions, rewards=rewards, advantages=advantages)
-        self.scored["per_function"] = per_function
+        self.scored = dict(
+            rows=rows, completions=completions, rewards=rewards, advantages=advantages, per_function=per_function
+        )
         samples = split_tensor_dict(batch)
         self.old_logps(samples, batch)
         return samples
@@ -830,43 +832,49 @@ class GRPOStep:
         return metrics
 
     def metrics(self, micro_batches: list, results: list[dict], update: dict, generated: bool, retries: int) -> dict:
-        """The step's line of metrics: its generation, its update, and what it trained: how much of it is replayed,
-        old, duplicated or without signal."""
+        """The step's line of metrics: what it generated, its update, what it trained, and the buffer."""
         metrics = {"step": self.step, **self.generation_metrics, "generated": int(generated)}
         metrics["generation_retries"] = retries
-        if results:
-            metrics["loss"] = sum(r["loss"] for r in results)
-            metrics.update(update)
-            for key in results[0]["stats"]:  # clip_ratio (and kl): the mean over the micro-batches
-                metrics[key] = sum(r["stats"][key].item() / len(results) for r in results)
-        elif micro_batches:  # skipped for want of signal
-            metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1, skipped=1)
-        else:
-            metrics["skipped"] = 1
-        metrics.update(self.counters)
-        if micro_batches:
-            metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics.update(self.update_metrics(micro_batches, results, update), **self.counters)
+        metrics.update(self.trained_metrics(micro_batches, results))
+        metrics.update(buffer_size=len(self.buffer), buffer_ess=effective_sample_size(self.buffer))
+        metrics["zero_adv_rejected"] = getattr(self.buffer, "rejected", 0)
+        return metrics
+
+    def update_metrics(self, micro_batches: list, results: list[dict], update: dict) -> dict:
+        """The update: the loss (the micro-batches' sum), its stats (their mean), the gradient norm, the rate."""
+        if not micro_batches:  # nothing to train on
+            return {"skipped": 1}
+        rate = {"learning_rate": self.scheduler.get_last_lr()[0]}
+        if not results:  # skip_empty_steps: no sample had signal
+            return dict(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1, skipped=1, **rate)
+        stats = {key: sum(r["stats"][key].item() / len(results) for r in results) for key in results[0]["stats"]}
+        return dict(loss=sum(r["loss"] for r in results), **update, **stats, **rate)
+
+    def trained_metrics(self, micro_batches: list, results: list[dict]) -> dict:
+        """What the step trained: how much of it is replayed, how old, duplicated or without signal, and how far the
+        policy moved since the replayed samples were sampled (the mean |log pi - log pi_old| of their tokens)."""
         samples = [s for mb in micro_batches for s in mb]
-        if samples:
-            ages = [self.step - 1 - s["step"] for s in samples]
-            metrics["replay_frac"] = sum(a > 0 for a in ages) / len(ages)  # trained after the step that made it
-            metrics["sample_age"] = sum(ages) / len(ages)
-            metrics["sample_age_max"] = max(ages)
-            metrics["frac_zero_adv_trained"] = sum(float(s["advantages"]) == 0 for s in samples) / len(samples)
-            metrics["unique_sample_frac"] = len({s["uid"] for s in samples}) / len(samples)
-            metrics["adv_abs_trained"] = float(torch.stack([s["advantages"].abs() for s in samples]).mean())
+        if not samples:
+            return {}
+        ages = [self.step - 1 - s["step"] for s in samples]  # 0: trained in the step that made it
+        metrics = {
+            "replay_frac": sum(a > 0 for a in ages) / len(ages),
+            "sample_age": sum(ages) / len(ages),
+            "sample_age_max": max(ages),
+            "frac_zero_adv_trained": sum(float(s["advantages"]) == 0 for s in samples) / len(samples),
+            "unique_sample_frac": len({s["uid"] for s in samples}) / len(samples),
+            "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in samples]).mean()),
+        }
         log_ratio = 0.0
         replayed_tokens = 0.0
-        for r in results:  # the mean |log pi - log pi_old| of the replayed tokens: how far the policy moved since
+        for r in results:
             replayed = torch.tensor([s["step"] < self.step - 1 for s in r["samples"]], device=r["logps"].device)
             mask = r["mask"].bool() & replayed[:, None]
             log_ratio += float((r["logps"] - r["old"]).abs()[mask].sum())
             replayed_tokens += float(mask.sum())
         if replayed_tokens > 0:
             metrics["replay_abs_log_ratio"] = log_ratio / replayed_tokens
-        metrics["buffer_size"] = len(self.buffer)
-        metrics["buffer_ess"] = effective_sample_size(self.buffer)
-        metrics["zero_adv_rejected"] = getattr(self.buffer, "rejected", 0)
         return metrics
 
 
