@@ -45,7 +45,7 @@ import torch.nn.functional as F  # noqa: E402
 # Steps 1-3 run every num_iterations steps (GRPO's mu), or again when there is nothing to train on.
 # ======================================================================================================================
 
-# The settings of the algorithm, named as TRL names them; those of running it are not Part I's.
+# The settings of the algorithm: their names are TRL's; the settings of running a job are not Part I's.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {
@@ -267,7 +267,7 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(count > 1, var, math.nan).sqrt()
 
 
-# 4. Replay buffers and repad. Buffers hold single samples, each padded as in its generation batch (Tp, C columns).
+# 4. Replay buffers and repad: buffers hold single samples (`Sample`), each padded as in its generation batch.
 
 
 class Sample(TypedDict):
@@ -672,13 +672,12 @@ class GRPOStep:
     def step_samples(self) -> tuple[bool, int, list[list[Sample]], bool]:
         """The map's 1-4, decided by all processes together (`dist.any`): generate when due, or while nothing can train;
         the micro-batches, none where a process has none; empty: skip_empty_steps, beta 0 and no advantage is not 0."""
-        cfg = self.cfg
         self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
-        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())
+        generated = self.dist.any(self.step % self.cfg.num_iterations == 0 or not self.can_train())
         retries = self.generate() if generated else 0
         micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
         has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
-        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(has_signal)
+        empty = self.cfg.skip_empty_steps and self.cfg.beta == 0 and not self.dist.any(has_signal)
         return generated, retries, micro_batches, empty
 
     def generate(self) -> int:
@@ -757,9 +756,8 @@ class GRPOStep:
         self.sample_uid += size
         self.counters["reward_nan"] += int(per_function.isnan().sum())
         self.generation_metrics = self.generation_batch_metrics(batch, rewards, per_function, advantages)
-        self.scored = dict(
-            rows=rows, completions=completions, rewards=rewards, advantages=advantages, per_function=per_function
-        )
+        self.scored = dict(rows=rows, completions=completions, rewards=rewards, advantages=advantages)
+        self.scored["per_function"] = per_function
         samples = split_tensor_dict(batch)
         self.old_logps(samples, batch)
         return samples
@@ -795,9 +793,9 @@ class GRPOStep:
         sample first trains in the step that made it, before any update (plain GRPO, and SSR fill at num_iterations
         1), its first training forward gives them, detached, saving a forward; elsewhere (SSR replace may first draw
         it steps later) a forward at generation does. The sample keeps them, so a replay's ratio measures how far the
-        policy moved since; TRL's replay pull request used the current ones, so a replay's ratio was 1.
-        Called at generation (`logps` None) and at each training forward with its log-probs `logps`; `batch` is the
-        samples as one padded batch. Returns the batch's old log-probs, 0 past each completion. (B, C)"""
+        policy moved since; TRL's replay pull request used the current ones, so a replay's ratio was 1. Called at
+        generation (`logps` None) and at each training forward with its `logps`, on `batch`, the samples padded as
+        one. Returns the batch's old log-probs, 0 past each completion. (B, C)"""
         if logps is None:  # at generation
             for s in samples:
                 s["old_per_token_logps"] = None
@@ -811,8 +809,6 @@ class GRPOStep:
                 s["old_per_token_logps"] = F.pad(row[:n], (0, s["completion_mask"].numel() - n))
             old.append(F.pad(s["old_per_token_logps"][:n], (0, logps.size(1) - n)))
         return torch.stack(old)
-
-    # Every number a step reports, gathered here.
 
     def generation_batch_metrics(self, batch: dict, rewards, per_function, advantages) -> dict[str, float]:
         """One generation batch's metrics; the reward's mean and std leave out unscorable completions (NaN), as TRL."""
@@ -832,7 +828,8 @@ class GRPOStep:
         return metrics
 
     def metrics(self, micro_batches: list, results: list[dict], update: dict, generated: bool, retries: int) -> dict:
-        """The step's line of metrics: what it generated, its update, what it trained, and the buffer."""
+        """The step's line of metrics, every number it reports: what it generated (`generation_batch_metrics`), its
+        update, what it trained, and the buffer."""
         metrics = {"step": self.step, **self.generation_metrics, "generated": int(generated)}
         metrics["generation_retries"] = retries
         metrics.update(self.update_metrics(micro_batches, results, update), **self.counters)
