@@ -550,7 +550,6 @@ class Dist:
 
     world_size = 1
     rank = 0
-    main = True
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         return list(values)
@@ -638,6 +637,17 @@ class GRPOStep:
         metrics = self.metrics(micro_batches, results, update, generated, retries)
         return {**metrics, "step_time": time.perf_counter() - start}
 
+    def step_samples(self) -> tuple[bool, int, list[list[Sample]], bool]:
+        """The map's 1-4, decided by all processes together (`dist.any`): generate when due, or while nothing can train;
+        the micro-batches, none if a process has none; empty: skip_empty_steps, beta 0 and every advantage 0."""
+        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
+        generated = self.dist.any(self.step % self.cfg.num_iterations == 0 or not self.can_train())
+        retries = self.generate() if generated else 0
+        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
+        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
+        empty = self.cfg.skip_empty_steps and self.cfg.beta == 0 and not self.dist.any(has_signal)
+        return generated, retries, micro_batches, empty
+
     def loss_settings(self, micro_batches: list[list[Sample]]) -> dict:
         """grpo_loss's settings for this step: the config's, and what its loss type divides by, counted over the whole
         step and every process."""
@@ -668,17 +678,6 @@ class GRPOStep:
             print(f"warning: step {self.step + 1}: non-finite loss or gradient; no update", file=sys.stderr)
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": float(grad_norm), "skipped": int(not finite)}
-
-    def step_samples(self) -> tuple[bool, int, list[list[Sample]], bool]:
-        """The map's 1-4, decided by all processes together (`dist.any`): generate when due, or while nothing can train;
-        the micro-batches, none where a process has none; empty: skip_empty_steps, beta 0 and no advantage is not 0."""
-        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
-        generated = self.dist.any(self.step % self.cfg.num_iterations == 0 or not self.can_train())
-        retries = self.generate() if generated else 0
-        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
-        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
-        empty = self.cfg.skip_empty_steps and self.cfg.beta == 0 and not self.dist.any(has_signal)
-        return generated, retries, micro_batches, empty
 
     def generate(self) -> int:
         """Generate a batch into the buffer, and again (at most max_generation_retries times) while there is nothing
@@ -1132,6 +1131,8 @@ def set_rng_states(states: dict, device: torch.device) -> None:
 
 class Torchrun(Dist):
     """Part I's Dist over torch.distributed when torchrun starts several processes, with gather and barrier too."""
+
+    main = True  # the process that writes the run's files: rank 0
 
     def __init__(self, device: torch.device, timeout: int = 1800):
         self.device = device
