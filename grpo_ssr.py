@@ -2025,7 +2025,7 @@ class GRPOTrainer(GRPOStep):
             self.dist.barrier()
             own = {
                 "sample_uid": self.sample_uid,
-                "generation_batch": self.generation_batch,
+                "batch": self.generation_batch,  # the key checkpoints have always used
                 "generation_metrics": self.generation_metrics,
                 "prompt_sampler": vars(self.prompt_sampler),
                 "buffer_generator": self.buffer.generator.get_state(),
@@ -2073,7 +2073,7 @@ class GRPOTrainer(GRPOStep):
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step = shared["step"]
         self.counters = shared["counters"]
-        self.generation_batch = [to_device(s) for s in own["generation_batch"]]
+        self.generation_batch = [to_device(s) for s in own["batch"]]
         self.sample_uid = own["sample_uid"]
         self.generation_metrics = own["generation_metrics"]
         set_rng_states(own["rng"], self.device)
