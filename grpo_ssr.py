@@ -23,7 +23,7 @@ import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypedDict
 
 # OpenMP's idle threads spin while they wait for work; beside another busy process they fight it for the cores and a
 # step takes several times as long. PASSIVE makes them sleep. It only counts before torch loads OpenMP; yours wins.
@@ -34,17 +34,18 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 # ======================================================================================================================
-# Part I: the algorithm. One optimizer step, `GRPOStep.train_step` (section 7), does in order:
+# Part I: the algorithm. One optimizer step, `GRPOStep.train_step`, does in order (each number is a section below):
 #   1. sample a group of num_generations completions for each prompt, with the policy    generate_completions
 #   2. score each completion with the reward functions                                      score_generations
 #   3. advantage: each reward minus its group's mean, over the group's std                 group_advantages
 #   4. the buffer keeps the samples; the step's micro-batches come from it                 ReplayBuffer, assemble
-#   5. per micro-batch: log-probs now and when sampled, the clipped loss, backward         per_token_logps, grpo_loss
-#   6. clip the gradient norm and take one AdamW step
+#   5. per micro-batch: the log-probs now, and when it was sampled (old)                   per_token_logps, old_logps
+#   6. per micro-batch: the clipped loss, and backward (the gradients add up)              grpo_loss
+#   7. clip the gradient norm and take one AdamW step                                      GRPOStep.update
 # Steps 1-3 run every num_iterations steps (GRPO's mu), or again when there is nothing to train on.
 # ======================================================================================================================
 
-# 0. The settings of the algorithm; GRPOConfig, in Part II, adds those of running it. Names follow TRL's.
+# The settings of the algorithm: their names are TRL's; the settings of running a job are not Part I's.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 BUFFER_CLASSES = {
@@ -203,7 +204,7 @@ def prompt_texts(rows: list[dict], tokenizer) -> list[str]:
 
 
 # 2. Scoring: a reward function has TRL's signature, f(completions, prompts=..., **dataset_columns) -> one float (or
-# None) each. The seed's length reward and the others are a run's choice: Part II holds them.
+# None) each. Which functions score a run is the run's choice, not the algorithm's.
 
 
 def score_generations(
@@ -238,13 +239,13 @@ def score_generations(
 
 
 def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: bool | str = "group") -> torch.Tensor:
-    """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group"), by the whole batch's std + 1e-4 ("batch") or
+    """A_i = r_i - mean(group), divided by std(group) + 1e-4 ("group"), by its batch's std + 1e-4 ("batch") or
     by nothing ("none"), as TRL's scale_rewards. (B,) -> (B,). A NaN reward (unscorable) is left out of its group's
     mean and std and gets advantage 0, as in TRL. A group with zero spread gets exactly 0: SSR relies on that."""
     grouped = rewards.view(-1, num_generations)  # (B/G, G)
     adv = grouped - grouped.nanmean(dim=1, keepdim=True)
-    if scale_rewards == "batch":
-        adv = adv / (nanstd(rewards, dim=0) + 1e-4)  # one std for every group (PPO Lite); under torchrun, this rank's
+    if scale_rewards == "batch":  # one std for every group: that of this process's generation batch, not the job's
+        adv = adv / (nanstd(rewards, dim=0) + 1e-4)
     elif scale_rewards not in (False, "none"):
         adv = adv / (nanstd(grouped, dim=1) + 1e-4)  # unbiased std, as in TRL
     adv = torch.where(zero_spread_groups(rewards, num_generations)[:, None], 0.0, adv)
@@ -266,95 +267,19 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(count > 1, var, math.nan).sqrt()
 
 
-# 4. Log-probabilities of the completion tokens, at the sampling temperature.
+# 4. Replay buffers and repad: buffers hold single samples (`Sample`), each padded as in its generation batch.
 
 
-def per_token_logps(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
-) -> torch.Tensor:
-    """Log-probs of the last `logits_to_keep` tokens, all logits at once (lean_logps chunks them). (B, T) -> (B, C)"""
-    positions = positions_from_mask(attention_mask)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        logits_to_keep=logits_to_keep + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1]  # (B, C, V): the logits at position t predict token t + 1
-    return selective_log_softmax(logits.float() / temperature, input_ids[:, -logits_to_keep:])
-
-
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
-    logits = logits.float()
-    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-# 5. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
-
-
-def grpo_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    epsilon_low: float = 0.2,
-    epsilon_high: Optional[float] = None,
-    beta: float = 0.0,
-    ref_logps: Optional[torch.Tensor] = None,
-    loss_type: str = "dapo",
-    use_bias_correction_kl: bool = True,
-    max_completion_length: Optional[int] = None,
-    num_micro_batches: int = 1,
-    num_items_in_batch: Optional[float] = None,
-    micro_batch_tokens: Optional[float] = None,
-    num_sequences: Optional[int] = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One micro-batch's loss, divided so that the micro-batches' losses sum to the step's. Log-probs and mask (B, C);
-    advantages (B,). The summed per-token loss is divided by:
-      grpo:    each sequence's token count, then num_sequences (default B * num_micro_batches): mean of sequence means
-      bnpo:    this micro-batch's tokens (or micro_batch_tokens), then num_micro_batches
-      dr_grpo: num_sequences * max_completion_length, a constant: no length bias
-      dapo:    num_items_in_batch, the tokens of the whole optimizer step (default: this micro-batch's)
-    k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi / pi_old, which makes
-    its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
-    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
-    mask = completion_mask.to(logps.dtype)
-    real = completion_mask.bool()  # the completion's tokens, not its padding
-    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
-    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
-    log_ratio = torch.where(real, logps - old_logps, 0.0)  # (B, C)
-    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
-    adv = advantages[:, None]  # (B, 1)
-    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
-    stats = {}
-    if beta > 0:
-        delta = torch.where(real, ref_logps - logps, 0.0)  # (B, C); 0 at padded slots
-        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
-        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
-        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
-    total = (per_token_loss * mask).sum()
-    sequences = num_sequences or mask.size(0) * num_micro_batches
-    if loss_type == "grpo":
-        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / sequences
-    elif loss_type == "bnpo":
-        tokens = mask.sum().clamp(min=1) if micro_batch_tokens is None else max(micro_batch_tokens, 1)
-        loss = total / tokens / num_micro_batches
-    elif loss_type == "dr_grpo":
-        loss = total / (sequences * max_completion_length)
-    elif loss_type == "dapo":
-        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
-    else:
-        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
-    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
-    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
-    return loss, stats
-
-
-# 6. Replay buffers and repad. Buffers hold single samples: dicts of 1-D tensors plus a scalar advantage.
+class Sample(TypedDict):
+    prompt_ids: torch.Tensor  # (Tp,) long, left-padded
+    prompt_mask: torch.Tensor  # (Tp,) long: 1 for the prompt's tokens
+    completion_ids: torch.Tensor  # (C,) long, right-padded
+    completion_mask: torch.Tensor  # (C,) long: 1 up to and including the first EOS
+    advantages: torch.Tensor  # () float
+    old_per_token_logps: Optional[torch.Tensor]  # (C,) float, 0 past the completion; None until GRPOStep.old_logps
+    ref_per_token_logps: Optional[torch.Tensor]  # (C,) float, the reference model's; None at beta 0
+    uid: int  # the sample's number, unique in this process's run
+    step: int  # the optimizer step that generated it
 
 
 def split_tensor_dict(batch: dict[str, Any]) -> list[dict[str, Any]]:
@@ -369,7 +294,7 @@ def combine_tensor_dict(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: None if v[0] is None else torch.stack(v) if torch.is_tensor(v[0]) else v for k, v in values.items()}
 
 
-def repad(samples: list[dict[str, Any]], padding_value: int) -> list[dict[str, Any]]:
+def repad(samples: list[Sample], padding_value: int) -> list[Sample]:
     """Drop each sample's padding, then pad all to the longest prompt (left) and completion (right): samples from
     different generation batches stack with the least padding. Log-probs follow the completion mask."""
 
@@ -403,7 +328,7 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, seed: int = 0):
         self.capacity = capacity
-        self.slots: list[Optional[dict]] = [None] * capacity
+        self.slots: list[Optional[Sample]] = [None] * capacity
         self.next_slot = 0  # where the next sample goes; once full, also the oldest sample
         self.size = 0
         self.generator = torch.Generator().manual_seed(seed)
@@ -413,12 +338,12 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def _store(self, sample: dict) -> None:
+    def _store(self, sample: Sample) -> None:
         self.slots[self.next_slot] = sample  # overwrites the oldest when full: FIFO eviction
         self.next_slot = (self.next_slot + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def add(self, samples: list[dict]) -> None:
+    def add(self, samples: list[Sample]) -> None:
         for s in samples:
             self._store(s)
         self.queue_pos = len(self.queue)  # reset the queue: the next draw reshuffles
@@ -429,7 +354,7 @@ class ReplayBuffer:
     def advance_to(self, step: int) -> None:
         """The trainer's step, for buffers whose samples age (SSRReplayBuffer); the uniform buffer has no clock."""
 
-    def sample(self, n: int) -> list[dict]:
+    def sample(self, n: int) -> list[Sample]:
         if self.size < n:
             raise ValueError(f"{type(self).__name__} holds {self.size} samples, cannot draw {n} without replacement")
         if self.queue_pos + n > len(self.queue):
@@ -458,7 +383,7 @@ class SSRReplayBuffer(ReplayBuffer):
         self.clock = 0  # the optimizer step being trained; ages are counted against it
         self.rejected = 0  # zero-advantage samples turned away, over the buffer's life
 
-    def add(self, samples: list[dict]) -> None:
+    def add(self, samples: list[Sample]) -> None:
         for s in samples:
             adv = abs(float(s["advantages"]))
             if adv == 0.0:
@@ -498,7 +423,7 @@ class SSRReplayBuffer(ReplayBuffer):
         p = self._weights()[held]
         return p / p.sum()
 
-    def sample(self, n: int) -> list[dict]:
+    def sample(self, n: int) -> list[Sample]:
         weights = self._weights()
         if not weights.sum() > 0:
             raise ValueError("SSRReplayBuffer is empty: every sample so far had zero advantage or is too old")
@@ -514,7 +439,93 @@ def make_buffer(cfg: AlgorithmConfig, seed: int = 0) -> ReplayBuffer:
     return ReplayBuffer(cfg.generation_batch_size, seed=seed)
 
 
-# 7. The step: generate, score, compute advantages, assemble the micro-batches from the buffer, and update.
+# 5. Log-probabilities of the completion tokens, at the sampling temperature.
+
+
+def per_token_logps(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-probs of the last `logits_to_keep` tokens, from all their logits at once. (B, T) -> (B, C)"""
+    positions = positions_from_mask(attention_mask)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        logits_to_keep=logits_to_keep + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # (B, C, V): the logits at position t predict token t + 1
+    return selective_log_softmax(logits.float() / temperature, input_ids[:, -logits_to_keep:])
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits).gather(index) without materialising the log-softmax. (..., V), (...) -> (...)."""
+    logits = logits.float()
+    return logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+# 6. The loss: the clipped surrogate, an optional k3 KL penalty, and one of four normalisations.
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: Optional[float] = None,
+    beta: float = 0.0,
+    ref_logps: Optional[torch.Tensor] = None,
+    loss_type: str = "dapo",
+    use_bias_correction_kl: bool = True,
+    max_completion_length: Optional[int] = None,
+    num_micro_batches: int = 1,
+    num_items_in_batch: Optional[float] = None,
+    num_sequences: Optional[int] = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's loss, divided so that the micro-batches' losses sum to the step's. Log-probs and mask (B, C);
+    advantages (B,). The summed per-token loss is divided by (GRPOStep.loss_settings counts the step's):
+      grpo:    each sequence's token count, then num_sequences (default B * num_micro_batches): mean of sequence means
+      bnpo:    this micro-batch's tokens, then num_micro_batches
+      dr_grpo: num_sequences * max_completion_length, a constant: no length bias
+      dapo:    num_items_in_batch, the tokens of the whole optimizer step (default: this micro-batch's)
+    k3 = exp(ref - logp) - (ref - logp) - 1; use_bias_correction_kl multiplies it by the ratio pi / pi_old, which makes
+    its gradient the reverse KL's, (logp - ref) * grad logp (plain k3's is the forward KL's)."""
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    mask = completion_mask.to(logps.dtype)
+    real = completion_mask.bool()  # the completion's tokens, not its padding
+    # Mask before exponentiating: a padded slot holds whatever log-prob the model gave the pad token (or the 0 that
+    # repad stored), and exp of a large difference there is inf, which no later multiplication by 0 undoes.
+    log_ratio = torch.where(real, logps - old_logps, 0.0)  # (B, C)
+    ratio = torch.exp(log_ratio)  # (B, C); exactly 1 on-policy and at padded slots
+    adv = advantages[:, None]  # (B, 1)
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * adv, clipped_ratio * adv)  # (B, C)
+    stats = {}
+    if beta > 0:
+        delta = torch.where(real, ref_logps - logps, 0.0)  # (B, C); 0 at padded slots
+        kl = torch.exp(delta) - delta - 1  # k3 estimator of KL(pi || ref): unbiased and never negative
+        per_token_loss = per_token_loss + beta * (kl * ratio if use_bias_correction_kl else kl)
+        stats["kl"] = (kl * mask).sum() / mask.sum().clamp(min=1)
+    total = (per_token_loss * mask).sum()
+    sequences = num_sequences or mask.size(0) * num_micro_batches
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / sequences
+    elif loss_type == "bnpo":
+        loss = total / mask.sum().clamp(min=1) / num_micro_batches
+    elif loss_type == "dr_grpo":
+        loss = total / (sequences * max_completion_length)
+    elif loss_type == "dapo":
+        loss = total / max(mask.sum().item() if num_items_in_batch is None else num_items_in_batch, 1)
+    else:
+        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
+    clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    stats["clip_ratio"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
+    return loss, stats
+
+
+# 7. The step: train_step runs 1-6 (generation only when due), then updates the weights.
 
 
 class PromptSampler:
@@ -534,12 +545,11 @@ class PromptSampler:
 
 
 class Dist:
-    """This process's place in a run, the only one; Part II's `Torchrun` spans several. `reduce` sums (or maxes) each
+    """This process's place in a run, here the only one; a subclass spans several. `reduce` sums (or maxes) each
     value over the processes (each must pass as many), `sum_gradients` each gradient, once a step."""
 
     world_size = 1
     rank = 0
-    main = True
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         return list(values)
@@ -553,17 +563,11 @@ class Dist:
 
 class GRPOStep:
     """A run's state and its optimizer step (`train_step`), from a model, its tokenizer, reward functions, a config
-    and prompt rows ({"prompt": ...} and the columns the rewards read).
+    and prompt rows ({"prompt": ...} and the columns the rewards read)."""
 
-    The ratio's "old" log-probs are those of the policy that sampled each sample. Where every sample first trains in
-    the step that made it, before any update (plain GRPO; SSR fill at num_iterations 1), its first training forward
-    gives them, detached; elsewhere (SSR replace may first draw it later) a forward at generation does. The sample
-    keeps them, so a replay's ratio measures how far the policy has moved since (the seed's pull request used the
-    current ones: a replay's ratio was 1)."""
-
-    autocast = nullcontext  # bf16 autocast where the device computes it: Part II decides
-    logps = staticmethod(per_token_logps)  # or a function of its signature: Part II's leaner one
-    dist = Dist()  # Part II's Torchrun under torchrun
+    autocast = nullcontext  # a bf16 autocast may replace it where the device computes bf16
+    logps_fn = staticmethod(per_token_logps)  # a leaner function of the same signature may replace it
+    dist = Dist()  # one process; a Dist over several may replace it
 
     def __init__(
         self, model, tokenizer, reward_funcs: list, cfg: AlgorithmConfig, dataset: list[dict], reward_weights=None
@@ -585,9 +589,7 @@ class GRPOStep:
         schedule = functools.partial(linear_schedule, warmup=cfg.warmup_steps, total=cfg.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.ssr_fill = isinstance(self.buffer, SSRReplayBuffer) and cfg.ssr_mode == "fill"
-        trains_first_when_made = type(self.buffer) is ReplayBuffer or (self.ssr_fill and cfg.num_iterations == 1)
-        self.old_logps_at_generation = not trains_first_when_made  # see the class docstring
-        self.batch: list[dict] = []  # the latest generation batch (zero advantages too); dynamic sampling: kept groups
+        self.generation_batch: list[Sample] = []  # the latest one, zero advantages too; dynamic sampling: kept groups
         self.scored: dict = {}  # its rows, completions, rewards and advantages, for logging
         self.generation_metrics: dict = {}
         self.step = 0  # steps without an update count too, so max_steps bounds the run
@@ -597,50 +599,28 @@ class GRPOStep:
             self.counters["empty_steps_skipped"] = 0
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer step: generate when due, assemble the micro-batches, accumulate the gradient, update."""
-        cfg = self.cfg
+        """One optimizer step: the map's 1-4 (`step_samples`), 5-6 for each micro-batch, then 7 (`update`)."""
         start = time.perf_counter()
-        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
-        generated = self.dist.any(self.step % cfg.num_iterations == 0 or not self.can_train())  # all ranks, or none
-        retries = self.generate() if generated else 0
-        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
-        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)  # at beta 0, the gradient
-        empty = cfg.skip_empty_steps and cfg.beta == 0 and not self.dist.any(has_signal)
-        trained = []  # what each micro-batch trained, for the metrics
+        generated, retries, micro_batches, empty = self.step_samples()
+        results = []  # each micro-batch's samples, loss, stats and log-probs, for the metrics
         update = {}
         if micro_batches and not empty:
-            tokens = [float(sum(s["completion_mask"].sum() for s in mb)) for mb in micro_batches]
-            step_tokens = self.dist.reduce([sum(tokens)])[0]  # dapo's divisor: every process's tokens
-            sequences = self.dist.reduce([sum(len(mb) for mb in micro_batches)])[0]  # grpo's and dr_grpo's
-            for samples, micro_batch_tokens in zip(micro_batches, tokens):
+            settings = self.loss_settings(micro_batches)
+            for samples in micro_batches:
                 # ---- the core of GRPO: log-probs now and when sampled, the clipped loss, backward ----------------
                 batch = collate(samples, self.tokenizer.pad_token_id)
+                mask = batch["completion_mask"]  # (B, C)
                 logps = self.completion_logps(self.model, batch)  # (B, C)
                 old = self.old_logps(samples, batch, logps)  # (B, C)
                 loss, stats = grpo_loss(
-                    logps,
-                    old,
-                    batch["advantages"],
-                    batch["completion_mask"],
-                    epsilon_low=cfg.epsilon,
-                    epsilon_high=cfg.epsilon_high,
-                    beta=cfg.beta,
-                    ref_logps=batch["ref_per_token_logps"],
-                    loss_type=cfg.loss_type,
-                    use_bias_correction_kl=cfg.use_bias_correction_kl,
-                    max_completion_length=cfg.max_completion_length,
-                    num_micro_batches=len(micro_batches) * self.dist.world_size,
-                    num_items_in_batch=step_tokens,
-                    micro_batch_tokens=micro_batch_tokens,
-                    num_sequences=sequences,
+                    logps, old, batch["advantages"], mask, ref_logps=batch["ref_per_token_logps"], **settings
                 )
                 loss.backward()
                 # ---------------------------------------------------------------------------------------------------
-                mask = batch["completion_mask"]
-                trained.append(
+                results.append(
                     dict(samples=samples, loss=loss.item(), stats=stats, logps=logps.detach(), old=old, mask=mask)
                 )
-            update = self.update(sum(t["loss"] for t in trained))
+            update = self.update(sum(r["loss"] for r in results))
         elif micro_batches:  # --skip_empty_steps: a zero gradient, yet AdamW's momentum would still move the weights
             self.counters["empty_steps_skipped"] += 1
         else:
@@ -654,8 +634,37 @@ class GRPOStep:
         with warnings.catch_warnings():  # torch warns when the schedule moves before any update: intended here
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
             self.scheduler.step()
-        metrics = self.metrics(micro_batches, trained, update, generated, retries)
+        metrics = self.metrics(micro_batches, results, update, generated, retries)
         return {**metrics, "step_time": time.perf_counter() - start}
+
+    def step_samples(self) -> tuple[bool, int, list[list[Sample]], bool]:
+        """The map's 1-4, decided by all processes together (`dist.any`): generate when due, or while nothing can train;
+        the micro-batches, none if a process has none; empty: skip_empty_steps, beta 0 and every advantage 0."""
+        self.buffer.advance_to(self.step)  # SSR's clock: ages count from this step, too-old samples leave
+        generated = self.dist.any(self.step % self.cfg.num_iterations == 0 or not self.can_train())
+        retries = self.generate() if generated else 0
+        micro_batches = [] if self.dist.any(not self.can_train()) else self.assemble()
+        has_signal = any(float(s["advantages"]) != 0 for mb in micro_batches for s in mb)
+        empty = self.cfg.skip_empty_steps and self.cfg.beta == 0 and not self.dist.any(has_signal)
+        return generated, retries, micro_batches, empty
+
+    def loss_settings(self, micro_batches: list[list[Sample]]) -> dict:
+        """grpo_loss's settings for this step: the config's, and what its loss type divides by, counted over the whole
+        step and every process."""
+        cfg = self.cfg
+        tokens = float(sum(s["completion_mask"].sum() for mb in micro_batches for s in mb))
+        sequences, tokens = self.dist.reduce([sum(len(mb) for mb in micro_batches), tokens])
+        return dict(
+            epsilon_low=cfg.epsilon,
+            epsilon_high=cfg.epsilon_high,
+            beta=cfg.beta,
+            loss_type=cfg.loss_type,
+            use_bias_correction_kl=cfg.use_bias_correction_kl,
+            num_sequences=sequences,  # grpo's and dr_grpo's
+            max_completion_length=cfg.max_completion_length,  # dr_grpo's
+            num_micro_batches=len(micro_batches) * self.dist.world_size,  # bnpo's
+            num_items_in_batch=tokens,  # dapo's: the step's tokens
+        )
 
     def update(self, loss: float) -> dict:
         """Sum the gradient over the processes, clip its norm and take one AdamW step, unless it is not finite."""
@@ -670,8 +679,6 @@ class GRPOStep:
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": float(grad_norm), "skipped": int(not finite)}
 
-    # Steps 1-4 of the map: generate, score, advantages, the buffer, and the step's micro-batches.
-
     def generate(self) -> int:
         """Generate a batch into the buffer, and again (at most max_generation_retries times) while there is nothing
         to train on; return the number of retries. Dynamic sampling (DAPO) keeps only the groups with reward spread,
@@ -679,42 +686,43 @@ class GRPOStep:
         cfg = self.cfg
         batches = []
         dropped = 0
-        self.batch = []
+        self.generation_batch = []
         while not batches or (len(batches) <= cfg.max_generation_retries and self.dist.any(self.wants_more())):
             samples = self.generate_batch()
             batches.append(self.generation_metrics)
             if not cfg.dynamic_sampling:
-                self.batch = samples
+                self.generation_batch = samples
                 self.buffer.add(samples)
                 continue
             for i in range(0, len(samples), cfg.num_generations):
                 group = samples[i : i + cfg.num_generations]
-                if len(self.batch) < cfg.generation_batch_size and any(float(s["advantages"]) != 0 for s in group):
-                    self.batch += group
+                has_spread = any(float(s["advantages"]) != 0 for s in group)
+                if has_spread and len(self.generation_batch) < cfg.generation_batch_size:
+                    self.generation_batch += group
                 else:
                     dropped += 1
         self.generation_metrics = mean_metrics(batches)
         if cfg.dynamic_sampling:
             self.generation_metrics["groups_dropped"] = float(dropped)
-            self.generation_metrics["frac_batch_filled"] = len(self.batch) / cfg.generation_batch_size
+            self.generation_metrics["frac_batch_filled"] = len(self.generation_batch) / cfg.generation_batch_size
         return len(batches) - 1
 
     def wants_more(self) -> bool:
         if self.cfg.dynamic_sampling:  # a full batch of groups with spread
-            return len(self.batch) < self.cfg.generation_batch_size
+            return len(self.generation_batch) < self.cfg.generation_batch_size
         return not self.can_train()
 
     def can_train(self) -> bool:
         """Dynamic sampling: a kept group; SSR fill: a non-zero sample in the batch, or one to draw; otherwise a
         buffer that can serve a micro-batch."""
         if self.cfg.dynamic_sampling:
-            return len(self.batch) > 0
-        if self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.batch):
+            return len(self.generation_batch) > 0
+        if self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.generation_batch):
             return True
         return self.buffer.can_sample(self.cfg.per_device_train_batch_size)
 
     @torch.no_grad()
-    def generate_batch(self) -> list[dict]:
+    def generate_batch(self) -> list[Sample]:
         """Sample one generation batch, score it, compute its advantages (and, where due, its old and reference
         log-probs), and return it as single samples ready for the buffer. Each process takes whole groups."""
         cfg = self.cfg
@@ -740,9 +748,6 @@ class GRPOStep:
         )
         advantages = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
         batch["advantages"] = advantages.to(self.device)
-        batch["old_per_token_logps"] = None  # filled by the first training forward (the class docstring says when)
-        if self.old_logps_at_generation:
-            batch["old_per_token_logps"] = self.completion_logps(self.model, batch)
         batch["ref_per_token_logps"] = None if self.ref_model is None else self.completion_logps(self.ref_model, batch)
         size = len(rewards)
         batch["uid"] = list(range(self.sample_uid, self.sample_uid + size))
@@ -752,16 +757,18 @@ class GRPOStep:
         self.generation_metrics = self.generation_batch_metrics(batch, rewards, per_function, advantages)
         self.scored = dict(rows=rows, completions=completions, rewards=rewards, advantages=advantages)
         self.scored["per_function"] = per_function
-        return split_tensor_dict(batch)
+        samples = split_tensor_dict(batch)
+        self.old_logps(samples, batch)
+        return samples
 
     def completion_logps(self, model, batch: dict) -> torch.Tensor:
         """The log-probs of a batch's completion tokens under `model` (the policy or the reference). (B, C)"""
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with self.autocast():
-            return self.logps(model, ids, mask, batch["completion_ids"].size(1), self.cfg.temperature)
+            return self.logps_fn(model, ids, mask, batch["completion_ids"].size(1), self.cfg.temperature)
 
-    def assemble(self) -> list[list[dict]]:
+    def assemble(self) -> list[list[Sample]]:
         """The step's samples, as gradient_accumulation_steps micro-batches. Plain GRPO and SSR replace draw every
         micro-batch from the buffer (the uniform one holds exactly the generation batch, so each sample trains once a
         step); dynamic sampling trains its kept groups; SSR fill trains every non-zero sample of the generation batch
@@ -769,29 +776,38 @@ class GRPOStep:
         n = self.cfg.per_device_train_batch_size
         k = self.cfg.gradient_accumulation_steps
         if self.cfg.dynamic_sampling:
-            return [mb for mb in (self.batch[i * n : (i + 1) * n] for i in range(k)) if mb]
-        if not self.ssr_fill:  # Departure (replace, the seed's pull request): the paper adds replays to a fresh batch
+            return [mb for mb in (self.generation_batch[i * n : (i + 1) * n] for i in range(k)) if mb]
+        if not self.ssr_fill:  # Departure (replace, TRL's replay pull request): the paper adds replays to a new batch
             return [self.buffer.sample(n) for _ in range(k)]
-        nonzero = [s for s in self.batch if float(s["advantages"]) != 0]
-        zeros = [s for s in self.batch if float(s["advantages"]) == 0]
-        # Departure (fill): the paper augments the fresh batch; fill keeps the batch's size and replays into the slots
+        nonzero = [s for s in self.generation_batch if float(s["advantages"]) != 0]
+        zeros = [s for s in self.generation_batch if float(s["advantages"]) == 0]
+        # Departure (fill): the paper augments the new batch; fill keeps the batch's size and replays into the slots
         # that would teach nothing. The buffer already holds this batch's non-zero samples, and age decay weighs
         # them highest, so some draws train a sample of this batch a second time.
-        trained = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
-        return [trained[i * n : (i + 1) * n] for i in range(k)]
+        samples = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
+        return [samples[i * n : (i + 1) * n] for i in range(k)]
 
-    def old_logps(self, samples: list[dict], batch: dict, logps: torch.Tensor) -> torch.Tensor:
-        """The micro-batch's old log-probs (B, C): each sample's stored ones; for a sample trained here for the first
-        time, this forward's own, detached, which the sample (the buffer holds it) then keeps for its replays."""
-        current = logps.detach()
-        first = [s["old_per_token_logps"] is None for s in samples]
-        for s, row, is_first in zip(samples, current, first):
-            if is_first:
-                n = int(s["completion_mask"].sum())
+    def old_logps(self, samples: list[Sample], batch: dict, logps: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The ratio's old log-probs, set here and nowhere else: those of the policy that sampled each sample. Where a
+        sample first trains in the step that made it, before any update (plain GRPO, and SSR fill at num_iterations
+        1), its first training forward gives them, detached, saving a forward; elsewhere (SSR replace may first draw
+        it steps later) a forward at generation does. The sample keeps them, so a replay's ratio measures how far the
+        policy moved since; TRL's replay pull request used the current ones, so a replay's ratio was 1. Called at
+        generation (`logps` None) and at each training forward with its `logps`, on `batch`, the samples padded as
+        one. Returns the batch's old log-probs, 0 past each completion. (B, C)"""
+        if logps is None:  # at generation
+            for s in samples:
+                s["old_per_token_logps"] = None
+            if type(self.buffer) is ReplayBuffer or (self.ssr_fill and self.cfg.num_iterations == 1):
+                return None  # every sample first trains in this step, before any update
+            logps = self.completion_logps(self.model, batch)
+        old = []
+        for s, row in zip(samples, logps.detach()):
+            n = int(s["completion_mask"].sum())  # its tokens, the first n of its completion
+            if s["old_per_token_logps"] is None:  # this is the sample's first forward
                 s["old_per_token_logps"] = F.pad(row[:n], (0, s["completion_mask"].numel() - n))
-        return torch.where(torch.tensor(first, device=current.device)[:, None], current, batch["old_per_token_logps"])
-
-    # Every number a step reports, gathered here.
+            old.append(F.pad(s["old_per_token_logps"][:n], (0, logps.size(1) - n)))
+        return torch.stack(old)
 
     def generation_batch_metrics(self, batch: dict, rewards, per_function, advantages) -> dict[str, float]:
         """One generation batch's metrics; the reward's mean and std leave out unscorable completions (NaN), as TRL."""
@@ -810,44 +826,51 @@ class GRPOStep:
             metrics[f"rewards/{getattr(f, '__name__', type(f).__name__)}"] = per_function[:, j].nanmean().item()
         return metrics
 
-    def metrics(self, micro_batches: list, trained: list[dict], update: dict, generated: bool, retries: int) -> dict:
-        """The step's line of metrics: its generation, its update, and what it trained: how much of it is replayed,
-        old, duplicated or without signal."""
+    def metrics(self, micro_batches: list, results: list[dict], update: dict, generated: bool, retries: int) -> dict:
+        """The step's line of metrics, every number it reports: what it generated (`generation_batch_metrics`), its
+        update, what it trained, and the buffer."""
         metrics = {"step": self.step, **self.generation_metrics, "generated": int(generated)}
         metrics["generation_retries"] = retries
-        if trained:
-            metrics["loss"] = sum(t["loss"] for t in trained)
-            metrics.update(update)
-            for key in trained[0]["stats"]:  # clip_ratio (and kl): the mean over the micro-batches
-                metrics[key] = sum(t["stats"][key].item() / len(trained) for t in trained)
-        elif micro_batches:  # skipped for want of signal
-            metrics.update(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1, skipped=1)
-        else:
-            metrics["skipped"] = 1
-        metrics.update(self.counters)
-        if micro_batches:
-            metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics.update(self.update_metrics(micro_batches, results, update), **self.counters)
+        metrics.update(self.trained_metrics(micro_batches, results))
+        metrics.update(buffer_size=len(self.buffer), buffer_ess=effective_sample_size(self.buffer))
+        metrics["zero_adv_rejected"] = getattr(self.buffer, "rejected", 0)
+        return metrics
+
+    def update_metrics(self, micro_batches: list, results: list[dict], update: dict) -> dict:
+        """The update: the loss (the micro-batches' sum), its stats (their mean), the gradient norm, the rate."""
+        if not micro_batches:  # nothing to train on
+            return {"skipped": 1}
+        rate = {"learning_rate": self.scheduler.get_last_lr()[0]}
+        if not results:  # skip_empty_steps: no sample had signal
+            return dict(loss=0.0, clip_ratio=0.0, grad_norm=0.0, skipped_empty=1, skipped=1, **rate)
+        stats = {key: sum(r["stats"][key].item() / len(results) for r in results) for key in results[0]["stats"]}
+        return dict(loss=sum(r["loss"] for r in results), **update, **stats, **rate)
+
+    def trained_metrics(self, micro_batches: list, results: list[dict]) -> dict:
+        """What the step trained: how much of it is replayed, how old, duplicated or without signal, and how far the
+        policy moved since the replayed samples were sampled (the mean |log pi - log pi_old| of their tokens)."""
         samples = [s for mb in micro_batches for s in mb]
-        if samples:
-            ages = [self.step - 1 - s["step"] for s in samples]
-            metrics["replay_frac"] = sum(a > 0 for a in ages) / len(ages)  # trained after the step that made it
-            metrics["sample_age"] = sum(ages) / len(ages)
-            metrics["sample_age_max"] = max(ages)
-            metrics["frac_zero_adv_trained"] = sum(float(s["advantages"]) == 0 for s in samples) / len(samples)
-            metrics["unique_sample_frac"] = len({s["uid"] for s in samples}) / len(samples)
-            metrics["adv_abs_trained"] = float(torch.stack([s["advantages"].abs() for s in samples]).mean())
+        if not samples:
+            return {}
+        ages = [self.step - 1 - s["step"] for s in samples]  # 0: trained in the step that made it
+        metrics = {
+            "replay_frac": sum(a > 0 for a in ages) / len(ages),
+            "sample_age": sum(ages) / len(ages),
+            "sample_age_max": max(ages),
+            "frac_zero_adv_trained": sum(float(s["advantages"]) == 0 for s in samples) / len(samples),
+            "unique_sample_frac": len({s["uid"] for s in samples}) / len(samples),
+            "adv_abs_trained": float(torch.stack([s["advantages"].abs() for s in samples]).mean()),
+        }
         log_ratio = 0.0
         replayed_tokens = 0.0
-        for t in trained:  # the mean |log pi - log pi_old| of the replayed tokens: how far the policy moved since
-            replayed = torch.tensor([s["step"] < self.step - 1 for s in t["samples"]], device=t["logps"].device)
-            mask = t["mask"].bool() & replayed[:, None]
-            log_ratio += float((t["logps"] - t["old"]).abs()[mask].sum())
+        for r in results:
+            replayed = torch.tensor([s["step"] < self.step - 1 for s in r["samples"]], device=r["logps"].device)
+            mask = r["mask"].bool() & replayed[:, None]
+            log_ratio += float((r["logps"] - r["old"]).abs()[mask].sum())
             replayed_tokens += float(mask.sum())
         if replayed_tokens > 0:
             metrics["replay_abs_log_ratio"] = log_ratio / replayed_tokens
-        metrics["buffer_size"] = len(self.buffer)
-        metrics["buffer_ess"] = effective_sample_size(self.buffer)
-        metrics["zero_adv_rejected"] = getattr(self.buffer, "rejected", 0)
         return metrics
 
 
@@ -856,14 +879,10 @@ def linear_schedule(step: int, warmup: int, total: int) -> float:
     return step / warmup if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
 
 
-def collate(samples: list[dict], pad_id: int) -> dict:
-    """A micro-batch as one padded batch. A sample not yet trained has no old log-probs: zeros hold its row until
-    GRPOStep.old_logps replaces them with the training forward's."""
+def collate(samples: list[Sample], pad_id: int) -> dict:
+    """A micro-batch as one padded batch, without the old log-probs: GRPOStep.old_logps gives those. (B, ...)"""
     padded = repad(samples, pad_id)
-    for s in padded:
-        if s["old_per_token_logps"] is None:
-            s["old_per_token_logps"] = torch.zeros_like(s["completion_ids"], dtype=torch.float32)
-    return combine_tensor_dict(padded)
+    return combine_tensor_dict([{k: v for k, v in s.items() if k != "old_per_token_logps"} for s in padded])
 
 
 def effective_sample_size(buffer: ReplayBuffer) -> float:
@@ -1112,6 +1131,8 @@ def set_rng_states(states: dict, device: torch.device) -> None:
 
 class Torchrun(Dist):
     """Part I's Dist over torch.distributed when torchrun starts several processes, with gather and barrier too."""
+
+    main = True  # the process that writes the run's files: rank 0
 
     def __init__(self, device: torch.device, timeout: int = 1800):
         self.device = device
@@ -1799,7 +1820,7 @@ class GRPOTrainer(GRPOStep):
         dist.broadcast_parameters(model.to(device))  # every rank starts from rank 0's weights
         self.dist = dist
         self.autocast = autocast
-        self.logps = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
+        self.logps_fn = functools.partial(lean_logps, chunk_size=cfg.logits_chunk_size)
         super().__init__(model, tokenizer, funcs, cfg, rows, weights)
         if self.ref_model is not None and ran_bf16:  # frozen: no float32 master weights, half the memory
             self.ref_model.to(torch.bfloat16)
@@ -2004,7 +2025,7 @@ class GRPOTrainer(GRPOStep):
             self.dist.barrier()
             own = {
                 "sample_uid": self.sample_uid,
-                "batch": self.batch,
+                "batch": self.generation_batch,  # the key checkpoints have always used
                 "generation_metrics": self.generation_metrics,
                 "prompt_sampler": vars(self.prompt_sampler),
                 "buffer_generator": self.buffer.generator.get_state(),
@@ -2052,7 +2073,7 @@ class GRPOTrainer(GRPOStep):
         vars(self.prompt_sampler).update(own["prompt_sampler"])
         self.step = shared["step"]
         self.counters = shared["counters"]
-        self.batch = [to_device(s) for s in own["batch"]]
+        self.generation_batch = [to_device(s) for s in own["batch"]]
         self.sample_uid = own["sample_uid"]
         self.generation_metrics = own["generation_metrics"]
         set_rng_states(own["rng"], self.device)

@@ -1,4 +1,4 @@
-"""Replay buffers and repad (Part I, 6): split and combine, repad, the uniform and the SSR buffer by hand and
+"""Replay buffers and repad (Part I, 4): split and combine, repad, the uniform and the SSR buffer by hand and
 statistically (fixed seeds), the age decay and the age limit, state dicts, and make_buffer."""
 
 import numpy as np

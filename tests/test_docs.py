@@ -14,7 +14,9 @@ def reading_map(source: str) -> str:
     """The README's table of Part I, computed from grpo_ssr.py: each numbered section's lines and what it defines."""
     lines = source.splitlines()
     part2 = next(i for i, line in enumerate(lines, 1) if line.startswith("# Part II"))
-    titles = [(i, line[2:]) for i, line in enumerate(lines, 1) if re.match(r"# \d\. ", line) and i < part2]
+    titles = [
+        (i, line[2:]) for i, line in enumerate(lines, 1) if re.match(r"# (\d\. |The settings)", line) and i < part2
+    ]
     tree = ast.parse(source)
     rows = [
         "| lines | section | defines |",

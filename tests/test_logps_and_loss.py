@@ -1,4 +1,4 @@
-"""Log-probabilities and the loss (Part I, 4-5, and Part II's memory-lean path): per_token_logps against the full
+"""Log-probabilities and the loss (Part I, 5-6, and Part II's memory-lean path): per_token_logps against the full
 logits, grpo_loss by hand for every loss_type, the k3 KL and its bias correction, gradient accumulation against one
 big batch, and the lean path (values, gradients, memory, and the probe that turns it off)."""
 
@@ -145,14 +145,14 @@ def test_beta_training_steps_stay_finite_with_extreme_padded_logps(cfg_factory, 
     at every padded slot is -1000 (as a low temperature gives the pad token). No step may become non-finite."""
     trainer = g.GRPOTrainer(cfg_factory(beta=0.1, max_steps=3, temperature=0.5))
     scripted_sampler(monkeypatch, [2, 5, 9, 15], trainer.tokenizer.eos_token_id)
-    real, planted_calls = trainer.logps, []
+    real, planted_calls = trainer.logps_fn, []
 
     def planted(model, input_ids, attention_mask, logits_to_keep, *a, **kw):  # the trainer's log-probs (lean_logps)
         planted_calls.append(1)
         lp = real(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
         return lp.masked_fill(attention_mask[:, -logits_to_keep:] == 0, -1000.0)
 
-    trainer.logps = planted
+    trainer.logps_fn = planted
     for _ in range(3):
         m = trainer.train_step()
         assert math.isfinite(m["loss"]) and math.isfinite(m["kl"]) and m["skipped"] == 0, m

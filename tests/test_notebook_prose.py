@@ -120,7 +120,7 @@ RETRACTED: dict[str, dict[str, str]] = {
     },
     "04_replay_buffers_and_repad.ipynb": {
         "computes the advantages (notebook 02) and the log-probabilities": "generate_batch computes the old "
-        "log-probs only where a sample may first train after an update (GRPOStep's docstring)",
+        "log-probs only where a sample may first train after an update (GRPOStep.old_logps' docstring)",
     },
 }
 

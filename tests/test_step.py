@@ -111,7 +111,6 @@ def test_old_logps_forward_is_skipped_only_where_every_sample_trains_in_its_own_
         (dict(**SSR, ssr_mode="replace"), False),
     ):
         trainer = g.GRPOTrainer(cfg_factory(**flags))
-        assert trainer.old_logps_at_generation is not skipped, flags
         assert all((s["old_per_token_logps"] is None) is skipped for s in trainer.generate_batch()), flags
 
 
@@ -186,7 +185,7 @@ def test_every_nonzero_sample_of_every_group_is_buffered(cfg_factory, monkeypatc
 
 
 def test_every_trained_micro_batch_comes_from_the_buffer(cfg_factory, monkeypatch):
-    # replace, the pull request's design, whose draws this test follows
+    # replace, TRL's replay pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, gradient_accumulation_steps=2, max_steps=3)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     spy = Spy(trainer, monkeypatch)
@@ -199,7 +198,7 @@ def test_every_trained_micro_batch_comes_from_the_buffer(cfg_factory, monkeypatc
 
 def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
     """If SSR were silently off (uniform draws), trained |A| would match the buffer's mean |A|; it must exceed it."""
-    # replace, the pull request's design, whose draws this test follows
+    # replace, TRL's replay pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=12, ssr_alpha=2.0)
     trainer = g.GRPOTrainer(cfg, reward_funcs=[group_gated_reward])
     Spy(trainer, monkeypatch)
@@ -221,7 +220,7 @@ def test_ssr_is_really_on_it_prefers_large_advantages(cfg_factory, monkeypatch):
 
 
 def test_replayed_samples_use_stored_logps_ratio_differs_and_clipping_engages(cfg_factory, monkeypatch):
-    # replace, the pull request's design, whose draws this test follows
+    # replace, TRL's replay pull request's design, whose draws this test follows
     cfg = cfg_factory(**SSR, ssr_mode="replace", ssr_age_decay=0.0, max_steps=4, epsilon=0.01, learning_rate=1e-2)
     trainer = g.GRPOTrainer(cfg)
     spy = Spy(trainer, monkeypatch)
@@ -720,7 +719,6 @@ def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_
         cfg_factory(max_steps=5, per_device_train_batch_size=8, num_generations=4, **flags),
         reward_funcs=[group_gated_reward],
     )
-    assert not trainer.old_logps_at_generation
     separate, forwards, real_gen, real_logps = {}, [], trainer.generate_batch, trainer.completion_logps
 
     def counting_logps(model, batch):
@@ -753,5 +751,4 @@ def test_old_logps_from_the_first_training_forward_equal_a_separate_forward(cfg_
 
 def test_replace_mode_still_computes_old_logps_at_generation(cfg_factory):
     trainer = g.GRPOTrainer(cfg_factory(**SSR, ssr_mode="replace", max_steps=1), reward_funcs=[group_gated_reward])
-    assert trainer.old_logps_at_generation
     assert all(s["old_per_token_logps"] is not None for s in trainer.generate_batch())

@@ -508,7 +508,7 @@ QUIZZES: dict[str, list[tuple[str, str]]] = {
     "05.Q": [
         ("b3a5b29154b72807", "generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps."),
         ("daaed21495a36d03", "The micro-batches' gradients add up; how many times does update() run per step?"),
-        ("59b9196ac0abb08f", "Read GRPOStep's docstring: where every sample first trains in the step that made it."),
+        ("59b9196ac0abb08f", "GRPOStep.old_logps says it: where every sample first trains in the step that made it."),
     ],
     "06.Q": [
         ("ed3644c0e775cb52", "It is the share of the step's groups with zero spread; how many groups are there?"),
@@ -619,7 +619,7 @@ def _09_1(fn):
     ):
         for _ in range(2):
             step.train_step()
-            stored = torch.stack([torch.as_tensor(s["advantages"]).double().cpu() for s in step.batch])
+            stored = torch.stack([torch.as_tensor(s["advantages"]).double().cpu() for s in step.generation_batch])
             _close(
                 stored,
                 _leave_one_out(step.scored["rewards"], G),
