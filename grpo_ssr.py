@@ -2398,8 +2398,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         run(*parse_cli(argv))
     except ConfigError as e:
-        if e.rank_local or int(os.environ.get("RANK", "0")) == 0:  # under torchrun, once
-            print(f"error: {e}", file=sys.stderr)
+        rank = int(os.environ.get("RANK", "0"))
+        if not (e.rank_local or rank == 0):  # under torchrun rank 0 prints the line, and torchrun then stops the rest;
+            time.sleep(30)  # a rank that outlives it (rank 0 never met the error) prints it itself
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # by a signal, after its checkpoint and the line that says how to resume
         return 128 + e.signum
