@@ -220,8 +220,7 @@ def score_generations(
     mask = batch["completion_mask"]
     padded = batch["completion_ids"] * mask + tokenizer.pad_token_id * (1 - mask)
     texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
-    chat = not isinstance(rows[0]["prompt"], str)
-    completions = [[{"role": "assistant", "content": t}] if chat else t for t in texts]
+    completions = [t if isinstance(rows[0]["prompt"], str) else [{"role": "assistant", "content": t}] for t in texts]
     repeated = [row for row in rows for _ in range(num_generations)]
     columns = {k: [row[k] for row in repeated] for k in rows[0] if k not in ("prompt", "completion_ids")}
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(batch["completion_ids"].cpu(), mask.cpu())]
@@ -446,11 +445,10 @@ def per_token_logps(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, temperature: float = 1.0
 ) -> torch.Tensor:
     """Log-probs of the last `logits_to_keep` tokens, from all their logits at once. (B, T) -> (B, C)"""
-    positions = positions_from_mask(attention_mask)
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=positions,
+        position_ids=positions_from_mask(attention_mask),
         logits_to_keep=logits_to_keep + 1,
         use_cache=False,
     )
@@ -528,20 +526,11 @@ def grpo_loss(
 # 7. The step: train_step runs 1-6 (generation only when due), then updates the weights.
 
 
-class PromptSampler:
-    """Walks the dataset in a fresh seeded permutation each epoch; its state is the number of prompts drawn."""
-
-    def __init__(self, num_rows: int, seed: int):
-        self.num_rows = num_rows
-        self.seed = seed
-        self.drawn = 0
-
-    def next_indices(self, n: int) -> list[int]:
-        epochs = range(self.drawn // self.num_rows, (self.drawn + n - 1) // self.num_rows + 1)
-        order = np.concatenate([np.random.default_rng([self.seed, e]).permutation(self.num_rows) for e in epochs])
-        start = self.drawn % self.num_rows
-        self.drawn += n
-        return order[start : start + n].tolist()
+def prompt_order(num_rows: int, seed: int, drawn: int, n: int) -> list[int]:
+    """Prompts drawn ... drawn + n - 1 of a walk through the data set, a fresh seeded permutation each epoch."""
+    epochs = range(drawn // num_rows, (drawn + n - 1) // num_rows + 1)
+    order = np.concatenate([np.random.default_rng([seed, e]).permutation(num_rows) for e in epochs])
+    return order[drawn % num_rows : drawn % num_rows + n].tolist()
 
 
 class Dist:
@@ -580,10 +569,8 @@ class GRPOStep:
         self.dataset = dataset
         self.device = next(model.parameters()).device
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.ref_model = None  # the KL's anchor, the initial model, frozen; only needed with beta > 0
-        if cfg.beta > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.prompt_sampler = PromptSampler(len(dataset), cfg.seed)
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.beta > 0 else None  # the KL's anchor
+        self.prompts_drawn = 0  # the position in the prompt order (prompt_order)
         self.buffer = make_buffer(cfg, cfg.seed + self.dist.rank)  # one for each process
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         schedule = functools.partial(linear_schedule, warmup=cfg.warmup_steps, total=cfg.max_steps)
@@ -625,11 +612,8 @@ class GRPOStep:
             self.counters["empty_steps_skipped"] += 1
         else:
             self.counters["skipped_steps"] += 1
-            why = "every group had zero reward spread, or no reward function scored a completion"
-            print(
-                f"warning: step {self.step + 1} skipped: nothing to train on after {retries} retries ({why})",
-                file=sys.stderr,
-            )
+            why = f"no group had reward spread, or a score, after {retries} retries"
+            print(f"warning: step {self.step + 1} skipped: {why}", file=sys.stderr)
         self.step += 1  # and the learning rate moves on, also after a step without an update
         with warnings.catch_warnings():  # torch warns when the schedule moves before any update: intended here
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
@@ -649,19 +633,17 @@ class GRPOStep:
         return generated, retries, micro_batches, empty
 
     def loss_settings(self, micro_batches: list[list[Sample]]) -> dict:
-        """grpo_loss's settings for this step: the config's, and what its loss type divides by, counted over the whole
-        step and every process."""
-        cfg = self.cfg
+        """grpo_loss's settings: the config's, and the divisors, counted over the whole step and every process."""
         tokens = float(sum(s["completion_mask"].sum() for mb in micro_batches for s in mb))
         sequences, tokens = self.dist.reduce([sum(len(mb) for mb in micro_batches), tokens])
         return dict(
-            epsilon_low=cfg.epsilon,
-            epsilon_high=cfg.epsilon_high,
-            beta=cfg.beta,
-            loss_type=cfg.loss_type,
-            use_bias_correction_kl=cfg.use_bias_correction_kl,
+            epsilon_low=self.cfg.epsilon,
+            epsilon_high=self.cfg.epsilon_high,
+            beta=self.cfg.beta,
+            loss_type=self.cfg.loss_type,
+            use_bias_correction_kl=self.cfg.use_bias_correction_kl,
             num_sequences=sequences,  # grpo's and dr_grpo's
-            max_completion_length=cfg.max_completion_length,  # dr_grpo's
+            max_completion_length=self.cfg.max_completion_length,  # dr_grpo's
             num_micro_batches=len(micro_batches) * self.dist.world_size,  # bnpo's
             num_items_in_batch=tokens,  # dapo's: the step's tokens
         )
@@ -717,9 +699,8 @@ class GRPOStep:
         buffer that can serve a micro-batch."""
         if self.cfg.dynamic_sampling:
             return len(self.generation_batch) > 0
-        if self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.generation_batch):
-            return True
-        return self.buffer.can_sample(self.cfg.per_device_train_batch_size)
+        fill = self.ssr_fill and any(float(s["advantages"]) != 0 for s in self.generation_batch)
+        return fill or self.buffer.can_sample(self.cfg.per_device_train_batch_size)
 
     @torch.no_grad()
     def generate_batch(self) -> list[Sample]:
@@ -727,9 +708,9 @@ class GRPOStep:
         log-probs), and return it as single samples ready for the buffer. Each process takes whole groups."""
         cfg = self.cfg
         n = cfg.generation_batch_size // cfg.num_generations  # prompts
-        order = self.prompt_sampler.next_indices(n * self.dist.world_size)
+        order = prompt_order(len(self.dataset), cfg.seed, self.prompts_drawn, n * self.dist.world_size)
+        self.prompts_drawn += n * self.dist.world_size
         rows = [self.dataset[i] for i in order[self.dist.rank * n : (self.dist.rank + 1) * n]]
-        chat = not isinstance(rows[0]["prompt"], str)
         self.model.eval()
         with self.autocast():
             batch = generate_completions(
@@ -740,7 +721,7 @@ class GRPOStep:
                 cfg.max_prompt_length,
                 cfg.max_completion_length,
                 cfg.temperature,
-                add_special_tokens=not chat,  # a chat template writes its own BOS: do not add a second one
+                add_special_tokens=isinstance(rows[0]["prompt"], str),  # a chat template writes its own BOS
             )
         self.model.train()
         rewards, per_function, completions = score_generations(
@@ -781,20 +762,17 @@ class GRPOStep:
             return [self.buffer.sample(n) for _ in range(k)]
         nonzero = [s for s in self.generation_batch if float(s["advantages"]) != 0]
         zeros = [s for s in self.generation_batch if float(s["advantages"]) == 0]
-        # Departure (fill): the paper augments the new batch; fill keeps the batch's size and replays into the slots
-        # that would teach nothing. The buffer already holds this batch's non-zero samples, and age decay weighs
-        # them highest, so some draws train a sample of this batch a second time.
+        # Departure (fill): the paper adds replays to the new batch; fill puts them in its zero-advantage slots. The
+        # buffer holds this batch's non-zero samples too, weighed highest by age decay: a draw may train one twice.
         samples = nonzero + (self.buffer.sample(len(zeros)) if zeros and self.buffer.can_sample(1) else zeros)
         return [samples[i * n : (i + 1) * n] for i in range(k)]
 
     def old_logps(self, samples: list[Sample], batch: dict, logps: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The ratio's old log-probs, set here and nowhere else: those of the policy that sampled each sample. Where a
-        sample first trains in the step that made it, before any update (plain GRPO, and SSR fill at num_iterations
-        1), its first training forward gives them, detached, saving a forward; elsewhere (SSR replace may first draw
-        it steps later) a forward at generation does. The sample keeps them, so a replay's ratio measures how far the
-        policy moved since; TRL's replay pull request used the current ones, so a replay's ratio was 1. Called at
-        generation (`logps` None) and at each training forward with its `logps`, on `batch`, the samples padded as
-        one. Returns the batch's old log-probs, 0 past each completion. (B, C)"""
+        """The ratio's old log-probs, set here and nowhere else: those of the policy that sampled each sample, kept
+        on it, so a replay's ratio measures how far the policy moved since (TRL's replay pull request used the current
+        ones: ratio 1). Called at generation (`logps` None) and at each training forward with its `logps`, on `batch`.
+        A sample that first trains in the step that made it, before any update (plain GRPO; SSR fill at
+        num_iterations 1), takes them from that forward, detached; any other from a forward at generation. (B, C)"""
         if logps is None:  # at generation
             for s in samples:
                 s["old_per_token_logps"] = None
@@ -827,10 +805,8 @@ class GRPOStep:
         return metrics
 
     def metrics(self, micro_batches: list, results: list[dict], update: dict, generated: bool, retries: int) -> dict:
-        """The step's line of metrics, every number it reports: what it generated (`generation_batch_metrics`), its
-        update, what it trained, and the buffer."""
-        metrics = {"step": self.step, **self.generation_metrics, "generated": int(generated)}
-        metrics["generation_retries"] = retries
+        """The step's line of metrics: what it generated, its update, what it trained, and the buffer."""
+        metrics = dict(step=self.step, **self.generation_metrics, generated=int(generated), generation_retries=retries)
         metrics.update(self.update_metrics(micro_batches, results, update), **self.counters)
         metrics.update(self.trained_metrics(micro_batches, results))
         metrics.update(buffer_size=len(self.buffer), buffer_ess=effective_sample_size(self.buffer))
@@ -1051,8 +1027,7 @@ def check_positions(cfg: GRPOConfig, model) -> None:
 
 @contextmanager
 def during(phase: str, rank: Optional[int] = None):
-    """A one-line error raised in `phase` (the held-out pass, a training step) names it; and the rank, where it may
-    be that rank's alone (its own prompts and rewards in a training step under torchrun)."""
+    """A one-line error raised in `phase` names it, and `rank`, where only that rank may have met it (its own data)."""
     try:
         yield
     except ConfigError as e:
@@ -1079,7 +1054,7 @@ def cpu_has_bf16() -> bool:
 
 def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Optional[int] = None):
     """The device, and the autocast to run the model under: bf16 where the device computes it natively (by default on
-    such a GPU; on a CPU only when asked), else float32 with one line that says so."""
+    such a GPU; on a CPU only when asked), else float32 (emulated, on a T4 or most CPUs, it is slow), with one line."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     device = torch.device(name if name != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
@@ -1090,18 +1065,12 @@ def pick_device(name: str = "auto", bf16: Optional[bool] = None, num_threads: Op
         torch.cuda.set_device(device)
     if not (device.type == "cuda" if bf16 is None else bf16):
         return device, nullcontext
-    # Native bf16 only: emulated (a T4, a V100, most CPUs), it is slow.
     if torch.cuda.is_bf16_supported(including_emulation=False) if device.type == "cuda" else cpu_has_bf16():
         return device, lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     warnings.warn(
         f"this {device.type.upper()} has no native bf16 (emulated, it is slow): running float32", stacklevel=2
     )
     return device, nullcontext
-
-
-def thread_count(cfg: GRPOConfig, model=None) -> Optional[int]:
-    """--num_threads, else 1 for the tiny model built in code (its metrics then ignore OMP_NUM_THREADS), else None."""
-    return cfg.num_threads if cfg.num_threads is not None else 1 if cfg.model == "tiny" and model is None else None
 
 
 def set_seed(seed: int) -> None:
@@ -1111,8 +1080,7 @@ def set_seed(seed: int) -> None:
 
 
 def rng_states(device: torch.device) -> dict:
-    """Every generator a run draws from; of the GPUs, only this process's own, so that a checkpoint resumes with any
-    number of them visible."""
+    """Every generator a run draws from (of the GPUs, this process's: a resume may see any number of them)."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -1132,7 +1100,7 @@ def set_rng_states(states: dict, device: torch.device) -> None:
 class Torchrun(Dist):
     """Part I's Dist over torch.distributed when torchrun starts several processes, with gather and barrier too."""
 
-    main = True  # the process that writes the run's files: rank 0
+    main = property(lambda self: self.rank == 0)  # the process that writes the run's files
 
     def __init__(self, device: torch.device, timeout: int = 1800):
         self.device = device
@@ -1142,7 +1110,6 @@ class Torchrun(Dist):
                 tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
             self.world_size = tdist.get_world_size()
             self.rank = tdist.get_rank()
-            self.main = tdist.get_rank() == 0
 
     def reduce(self, values: list[float], op: str = "sum") -> list[float]:
         if self.world_size == 1:
@@ -1169,12 +1136,9 @@ class Torchrun(Dist):
             return
         anywhere = self.reduce([float(p.grad is not None) for p in params], "max")
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        buckets = [[]]
-        for g in grads:
-            if sum(x.numel() for x in buckets[-1]) >= bucket_size:
-                buckets.append([])
-            buckets[-1].append(g)
-        for bucket in buckets:
+        bucket_of = np.cumsum([g.numel() for g in grads]) // bucket_size  # runs of gradients, ~bucket_size numbers
+        for b in np.unique(bucket_of):
+            bucket = [g for g, k in zip(grads, bucket_of) if k == b]
             flat = torch.cat([g.flatten() for g in bucket])
             tdist.all_reduce(flat)
             for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
@@ -1212,12 +1176,8 @@ class HeadLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float):
-        kind = hidden.device.type
-        ctx.autocast = {
-            "device_type": kind,
-            "enabled": torch.is_autocast_enabled(kind),
-            "dtype": torch.get_autocast_dtype(kind),
-        }
+        kind = hidden.device.type  # backward runs under the same autocast: (device type, dtype, enabled)
+        ctx.autocast = (kind, torch.get_autocast_dtype(kind), torch.is_autocast_enabled(kind))
         z = F.linear(hidden, weight, bias).float().div_(temperature)  # (N, V): the only big tensor
         picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (N,)
         peak = z.amax(dim=-1, keepdim=True)
@@ -1228,7 +1188,7 @@ class HeadLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        with torch.autocast(**ctx.autocast):
+        with torch.autocast(*ctx.autocast):
             hidden, weight, bias, targets, lse = ctx.saved_tensors
             g = F.linear(hidden, weight, bias).float().div_(ctx.temperature)  # (N, V): rebuilt once, reused in place
             g.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # -grad * p
@@ -1481,15 +1441,9 @@ def arithmetic_prompts(levels: list[int], heldout: bool = False) -> list[dict]:
         per_level.append([(a, b, level) for ordered in (kept[:cut] if heldout else kept[cut:]) for a, b in ordered])
     longest = max(len(p) for p in per_level)
     questions = [p[i] for i in range(longest) for p in per_level if i < len(p)]  # round-robin over the levels
+    system = {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT}
     return [
-        {
-            "prompt": [
-                {"role": "system", "content": ARITHMETIC_SYSTEM_PROMPT},
-                {"role": "user", "content": f"{a} + {b} ="},
-            ],
-            "answer": a + b,
-            "level": level,
-        }
+        {"prompt": [system, {"role": "user", "content": f"{a} + {b} ="}], "answer": a + b, "level": level}
         for a, b, level in questions
     ]
 
@@ -1665,24 +1619,11 @@ def resolve_rewards(cfg: GRPOConfig, funcs=None, weights: Optional[list[float]] 
 
 
 @torch.no_grad()
-def evaluate(
-    model,
-    tokenizer,
-    rows: list[dict],
-    reward_funcs: list[Callable],
-    reward_weights: Optional[list] = None,
-    *,
-    num_generations: int = 4,
-    temperature: float = 1.0,
-    max_prompt_length: int = 512,
-    max_completion_length: int = 64,
-    seed: int = 0,
-    batch_prompts: int = 32,
-    autocast: Callable = nullcontext,
-) -> dict[str, float]:
-    """Mean weighted reward, completion length and (for 0/1 rewards) accuracy of one greedy and `num_generations`
-    sampled completions a prompt. It samples from its own stream seeded with `seed`: training's draws are untouched."""
-    weights = reward_weights or [1.0] * len(reward_funcs)
+def evaluate(model, tokenizer, rows: list[dict], reward_funcs: list, cfg, weights=None, autocast=nullcontext, chunk=32):
+    """Mean weighted reward, completion length and (for 0/1 rewards) accuracy of one greedy and eval_num_generations
+    sampled completions a prompt, `chunk` prompts at a time, with cfg's (a GRPOConfig's) lengths and temperature. It
+    samples from its own stream seeded with cfg.seed: training's draws are untouched."""
+    weights = weights or [1.0] * len(reward_funcs)
     device = next(model.parameters()).device
     was_training = model.training
     start = time.perf_counter()
@@ -1690,22 +1631,23 @@ def evaluate(
     scores = {"greedy": [], "sampled": []}
     lengths = {"greedy": [], "sampled": []}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        for s in range(0, len(rows), batch_prompts):
-            chunk = rows[s : s + batch_prompts]
-            for mode, n in (("greedy", 1), ("sampled", num_generations)):
+        torch.manual_seed(cfg.seed)
+        for s in range(0, len(rows), chunk):
+            part = rows[s : s + chunk]
+            for mode, n in (("greedy", 1), ("sampled", cfg.eval_num_generations)):
                 with autocast():
                     batch = generate_completions(
                         model,
                         tokenizer,
-                        prompt_texts(chunk, tokenizer),
+                        prompt_texts(part, tokenizer),
                         n,
-                        max_prompt_length,
-                        max_completion_length,
-                        temperature,
+                        cfg.max_prompt_length,
+                        cfg.max_completion_length,
+                        cfg.temperature,
+                        add_special_tokens=isinstance(part[0]["prompt"], str),  # as in training: see generate_batch
                         greedy=mode == "greedy",
                     )
-                scores[mode].append(score_generations(batch, chunk, n, tokenizer, reward_funcs, weights)[0])
+                scores[mode].append(score_generations(batch, part, n, tokenizer, reward_funcs, weights)[0])
                 lengths[mode].append(batch["completion_mask"].sum(1).float())
     model.train(was_training)
     rewards = {mode: torch.cat(v) for mode, v in scores.items()}
@@ -1772,7 +1714,8 @@ class GRPOTrainer(GRPOStep):
         funcs, weights = resolve_rewards(cfg, reward_funcs, reward_weights)
         if cfg.resume_from_checkpoint is None:
             check_output_dir(cfg)
-        device, autocast = pick_device(cfg.device, cfg.bf16, thread_count(cfg, model))
+        tiny = cfg.model == "tiny" and model is None  # one thread: its metrics then ignore OMP_NUM_THREADS
+        device, autocast = pick_device(cfg.device, cfg.bf16, 1 if cfg.num_threads is None and tiny else cfg.num_threads)
         dist = Torchrun(device, cfg.ddp_timeout)
         set_seed(cfg.seed)  # the same on every rank, so every rank builds the same initial weights
         # Data first: a typo in --dataset should not cost the minutes a large model takes to load.
@@ -1865,7 +1808,6 @@ class GRPOTrainer(GRPOStep):
 
     def run_evaluation(self, bar) -> dict[str, float]:
         """Score the current policy on the held-out prompts, shown under `bar`. Rank 0 evaluates, the others wait."""
-        cfg = self.cfg
         metrics = {}
         if self.dist.main:
             scores = evaluate(
@@ -1873,13 +1815,9 @@ class GRPOTrainer(GRPOStep):
                 self.tokenizer,
                 self.eval_rows,
                 self.reward_funcs,
+                self.cfg,
                 self.reward_weights,
-                num_generations=cfg.eval_num_generations,
-                temperature=cfg.temperature,
-                max_prompt_length=cfg.max_prompt_length,
-                max_completion_length=cfg.max_completion_length,
-                seed=cfg.seed,
-                autocast=self.autocast,
+                self.autocast,
             )
             metrics = {"step": self.step, **scores}
             shown = [k for k in scores if k.endswith(("_reward", "_accuracy"))]  # not the lengths and timings
@@ -1975,8 +1913,7 @@ class GRPOTrainer(GRPOStep):
         return read_metrics(self.log_history[first:])[0]  # this run's training lines
 
     def _log_completions(self, bar) -> None:
-        """Append every rank's latest generation batch to completions.jsonl, one line per completion (its prompt,
-        reward and advantage), and print a few under the bar."""
+        """Every rank's latest completions, with rewards and advantages, into completions.jsonl; a few under the bar."""
         scored = self.scored
         records = [
             {
@@ -2025,9 +1962,9 @@ class GRPOTrainer(GRPOStep):
             self.dist.barrier()
             own = {
                 "sample_uid": self.sample_uid,
-                "batch": self.generation_batch,  # the key checkpoints have always used
+                "generation_batch": self.generation_batch,
                 "generation_metrics": self.generation_metrics,
-                "prompt_sampler": vars(self.prompt_sampler),
+                "prompts_drawn": self.prompts_drawn,
                 "buffer_generator": self.buffer.generator.get_state(),
                 "buffer": {k: v for k, v in vars(self.buffer).items() if k != "generator"},
                 "rng": rng_states(self.device),
@@ -2063,17 +2000,15 @@ class GRPOTrainer(GRPOStep):
             if getattr(self, name) is not None:
                 getattr(self, name).load_state_dict(shared[name])
 
-        def to_device(sample: Optional[dict]) -> Optional[dict]:
-            if sample is None:
-                return None
-            return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in sample.items()}
+        def to_device(sample: Optional[dict]) -> Optional[dict]:  # a buffer's empty slot is None
+            return sample and {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in sample.items()}
 
         vars(self.buffer).update(own["buffer"], slots=[to_device(s) for s in own["buffer"]["slots"]])
         self.buffer.generator.set_state(own["buffer_generator"])  # the samples on the training device, it on the CPU
-        vars(self.prompt_sampler).update(own["prompt_sampler"])
+        self.prompts_drawn = own["prompts_drawn"]
         self.step = shared["step"]
         self.counters = shared["counters"]
-        self.generation_batch = [to_device(s) for s in own["batch"]]
+        self.generation_batch = [to_device(s) for s in own["generation_batch"]]
         self.sample_uid = own["sample_uid"]
         self.generation_metrics = own["generation_metrics"]
         set_rng_states(own["rng"], self.device)
@@ -2182,8 +2117,7 @@ def health_report(train: list[dict], evals: list[dict], cfg: AlgorithmConfig) ->
 
 
 def summary_lines(rows: list[dict], cfg: AlgorithmConfig) -> list[str]:
-    """A run's closing figures, the ones the README quotes: the training reward's first and last 10-step means, and
-    with SSR what replay did."""
+    """A run's closing lines: the first and last 10 steps' training reward, and with SSR what replay did."""
     if not rows:
         return []
     n = min(10, len(rows))
@@ -2279,8 +2213,7 @@ def plot_metrics(output_dir: Path):
     held_out.set_title(f"held-out {kind}" if evals else "held-out evaluation (off)", fontsize=9)
     if evals:
         held_out.legend(fontsize=8)
-    for ax in axes[1]:
-        ax.set_xlabel("step")
+    fig.supxlabel("step")
     buffer = cfg["replay_buffer_class"] + (f" ({cfg['ssr_mode']})" if replayed else "")
     smoothing = f"thin: each step; thick: the mean of the last {window} step(s)"
     fig.suptitle(f"model {cfg['model']}   reward {cfg['reward_funcs']}   buffer {buffer}   ({smoothing})", fontsize=11)

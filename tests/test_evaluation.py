@@ -18,7 +18,8 @@ def test_evaluate_on_the_tiny_model(tiny):
         return g.reward_len(completions)
 
     state = torch.get_rng_state()
-    m = g.evaluate(model, tok, rows, [spy], num_generations=5, max_completion_length=12, seed=3)
+    cfg = g.GRPOConfig(eval_num_generations=5, max_completion_length=12, seed=3)
+    m = g.evaluate(model, tok, rows, [spy], cfg)
     assert torch.equal(torch.get_rng_state(), state)  # the caller's random stream is untouched
     greedy, sampled = seen["calls"]
     assert len(greedy) == 3 and len(sampled) == 15
@@ -37,16 +38,16 @@ def test_evaluate_on_the_tiny_model(tiny):
     assert m["eval_greedy_reward"] == pytest.approx(sum(g.reward_len(greedy)) / 3)
     assert m["eval_reward"] == pytest.approx(sum(g.reward_len(sampled)) / 15)
     assert "eval_accuracy" not in m and m["eval_prompts"] == 3  # reward_len is not binary
-    again = g.evaluate(model, tok, rows, [g.reward_len], num_generations=5, max_completion_length=12, seed=3)
+    again = g.evaluate(model, tok, rows, [g.reward_len], cfg)
     assert again["eval_reward"] == m["eval_reward"]  # same seed, same draws
 
     half = lambda completions, **kw: [float(i % 2) for i in range(len(completions))]
-    b = g.evaluate(model, tok, rows, [half], num_generations=4, max_completion_length=4)
+    b = g.evaluate(model, tok, rows, [half], g.GRPOConfig(eval_num_generations=4, max_completion_length=4))
     assert b["eval_accuracy"] == 0.5 and b["eval_greedy_accuracy"] == pytest.approx(1 / 3)  # binary: accuracy too
 
 
 def test_evaluate_draws_what_generate_calls_draw_chunk_by_chunk(tiny):
-    """evaluate scores each chunk of --batch_prompts prompts greedily, then by sampling: exactly what two
+    """evaluate scores each chunk of prompts greedily, then by sampling: exactly what two
     generate_completions calls a chunk give, under the evaluation's seed."""
     model, tok = tiny
     rows = g.builtin_prompts(heldout=True)[:5]
@@ -56,7 +57,7 @@ def test_evaluate_draws_what_generate_calls_draw_chunk_by_chunk(tiny):
         seen.append(list(completions))
         return [0.0] * len(completions)
 
-    g.evaluate(model, tok, rows, [spy], num_generations=3, max_completion_length=10, seed=7, batch_prompts=3)
+    g.evaluate(model, tok, rows, [spy], g.GRPOConfig(eval_num_generations=3, max_completion_length=10, seed=7), chunk=3)
     assert [len(c) for c in seen] == [3, 9, 2, 6]  # chunks of 3 and 2 prompts: greedy, then 3 sampled a prompt
 
     def texts(batch):

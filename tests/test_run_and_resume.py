@@ -658,7 +658,7 @@ def test_checkpoint_is_atomic_and_complete(cfg_factory):
     state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
     own = torch.load(out / "checkpoint-2" / "rank-0.pt", weights_only=False)
     assert {"optimizer", "scheduler", "step", "world_size"} <= set(state)
-    assert {"buffer", "rng", "prompt_sampler"} <= set(own)
+    assert {"buffer", "rng", "prompts_drawn"} <= set(own)
     assert {"python", "numpy", "torch", "cuda"} <= set(own["rng"])
     assert "generator" not in own["buffer"] and isinstance(own["buffer_generator"], torch.Tensor)  # saved beside it
     assert own["buffer"].keys() == vars(g.make_buffer(cfg)).keys() - {"generator"}  # the buffer's whole state
