@@ -125,8 +125,11 @@ def default_run(default_run_started):
 
 
 # Run in a process of its own: a fresh kernel with cwd the notebook's folder, as a reader would; the file on disk is
-# left untouched. A cell's limit is there to catch a hang: notebook 06's two training runs of the real model, float32 on
-# a CPU without bf16 instructions and beside the suite's other runs, have taken more than 600 s.
+# left untouched. notebook_runs sets GRPO_SSR_NOTEBOOK_QUICK=1: the notebooks whose training runs dominate their time
+# (06's real model above all, then 09, 08, study 01, 02, 07 and 10) read it in one line each and train fewer steps,
+# seeds or held-out questions; the others ignore it. Every cell still runs, top to bottom; the committed outputs are the
+# full runs' (the variable unset). A cell's limit is there to catch a hang: notebook 06's training cell in full, float32
+# on a CPU without bf16 instructions and beside the suite's other runs, has taken more than 600 s.
 EXECUTE = """
 import sys
 from pathlib import Path
@@ -149,7 +152,7 @@ def notebook_runs(request, long_runs):
     chosen = [item.callspec.params["path"] for item in request.session.items if "notebook_runs" in item.fixturenames]
     chosen.sort(key=lambda path: path.name != "06_real_model.ipynb")  # the longest (the real model's) first
     run = [sys.executable, "-c", EXECUTE]
-    env = dict(os.environ)
+    env = {**os.environ, "GRPO_SSR_NOTEBOOK_QUICK": "1"}  # the short version (see EXECUTE)
     return {
         path: long_runs.submit(subprocess.run, [*run, str(path)], capture_output=True, text=True, timeout=1800, env=env)
         for path in chosen
