@@ -1,21 +1,24 @@
 """Run under torchrun (or alone) by tests/test_distributed.py: train a few steps, then dump what the test compares.
 
-    python tests/ddp_driver.py OUT_DIR MODE
+    python tests/ddp_driver.py OUT_DIR MODE[,MODE...]
 
-MODE "train": a few real steps; each rank saves its final parameters to OUT_DIR/params-{rank}.pt.
+Each mode writes into OUT_DIR/MODE/, and the modes run one after another in one launch, so that the tests share the
+cost of starting the processes (each launch imports torch and transformers on every rank). "signal" ends the process
+group (main() does), so it goes last; "collectives" restores what it patched.
+
+MODE "train": a few real steps; each rank saves its final parameters to params-{rank}.pt.
 MODE "dynamic": a few steps of --dynamic_sampling where rank 0 keeps every group and rank 1 half of them, so the ranks
-train different numbers of micro-batches; each rank saves its parameters and metrics to OUT_DIR/dynamic-{rank}.pt.
+train different numbers of micro-batches; each rank saves its parameters and metrics to dynamic-{rank}.pt.
 MODE "fixed": for each loss type, one step on fixed completions (the same 16 samples for any world size, split between
-the ranks); rank 0 saves the gradient and the updated parameters to OUT_DIR/fixed-{loss_type}-{world}.pt. In one
-process it also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what summing
-the ranks' gradients, each divided by the number of ranks, gives) to OUT_DIR/fixed-{loss_type}-1x2.pt.
-MODE "signal": SIGTERM reaches rank 1 alone, during the last step; each rank writes its exit code to
-OUT_DIR/exit-{rank}.txt.
+the ranks); rank 0 saves the gradient and the updated parameters to fixed-{loss_type}-{world}.pt. In one process it
+also computes the gradient of each half on its own, as 2 ranks would, and saves their mean (what summing the ranks'
+gradients, each divided by the number of ranks, gives) to fixed-{loss_type}-1x2.pt.
+MODE "signal": SIGTERM reaches rank 1 alone, during the last step; each rank writes its exit code to exit-{rank}.txt.
 MODE "grad": a parameter that only rank 0's forward reaches (an unused expert on rank 1); each rank saves its parameters
-to OUT_DIR/grad-{rank}.pt.
+to grad-{rank}.pt.
 MODE "collectives": runs through every branch a step and a run can take (skipped, empty and non-finite steps, dynamic
 sampling, evaluation, checkpoints, completions, a stop signal) and writes each rank's sequence of collectives to
-OUT_DIR/collectives-{rank}.json.
+collectives-{rank}.json.
 """
 
 import json
@@ -59,46 +62,51 @@ def fixed_samples(pad_id: int) -> list[dict]:
     return out
 
 
-def main(out_dir: str, mode: str) -> None:
-    out = Path(out_dir)
-    if mode == "train":
-        cfg = g.GRPOConfig(
-            output_dir=str(out / "run"),
-            max_steps=3,
-            device="cpu",
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_completion_length=8,
-            overwrite_output_dir=True,
-        )
-        trainer = g.GRPOTrainer(cfg)
-        trainer.train()
-        torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
-        return
-    if mode == "dynamic":
-        cfg = g.GRPOConfig(
-            output_dir=str(out / "run"),
-            max_steps=2,
-            device="cpu",
-            per_device_train_batch_size=8,
-            gradient_accumulation_steps=2,
-            num_generations=4,
-            max_completion_length=8,
-            dynamic_sampling=True,
-            max_generation_retries=0,
-            eval_steps=0,
-            overwrite_output_dir=True,
-        )
-        trainer = g.GRPOTrainer(cfg, reward_funcs=uneven_spread)
-        history = trainer.train()
-        torch.save(
-            {"params": [p.detach() for p in trainer.model.parameters()], "history": history},
-            out / f"dynamic-{trainer.dist.rank}.pt",
-        )
-        return
-    modes = {"signal": stop_in_the_last_step, "grad": gradient_on_rank_0_only, "collectives": log_collectives}
-    if mode in modes:
-        return modes[mode](out)
+def main(out_dir: str, modes: str) -> None:
+    for mode in modes.split(","):
+        out = Path(out_dir) / mode
+        out.mkdir(parents=True, exist_ok=True)
+        MODES[mode](out)
+
+
+def train(out: Path) -> None:
+    cfg = g.GRPOConfig(
+        output_dir=str(out / "run"),
+        max_steps=3,
+        device="cpu",
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        overwrite_output_dir=True,
+    )
+    trainer = g.GRPOTrainer(cfg)
+    trainer.train()
+    torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{trainer.dist.rank}.pt")
+
+
+def dynamic(out: Path) -> None:
+    cfg = g.GRPOConfig(
+        output_dir=str(out / "run"),
+        max_steps=2,
+        device="cpu",
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=8,
+        dynamic_sampling=True,
+        max_generation_retries=0,
+        eval_steps=0,
+        overwrite_output_dir=True,
+    )
+    trainer = g.GRPOTrainer(cfg, reward_funcs=uneven_spread)
+    history = trainer.train()
+    torch.save(
+        {"params": [p.detach() for p in trainer.model.parameters()], "history": history},
+        out / f"dynamic-{trainer.dist.rank}.pt",
+    )
+
+
+def fixed(out: Path) -> None:
     world = int(g.os.environ.get("WORLD_SIZE", "1"))
     for loss_type in g.LOSS_TYPES:
         grads, trainer = one_step(out, loss_type, world, None)
@@ -147,6 +155,17 @@ def gradient_on_rank_0_only(out: Path) -> None:
 
 
 def log_collectives(out: Path) -> None:
+    patched = [(tdist, name) for name in ("all_reduce", "broadcast", "barrier", "all_gather_object")]
+    patched += [(g, "grpo_loss"), (g.GRPOTrainer, "train_step")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    try:
+        run_every_branch(out)
+    finally:  # the modes after this one in the same launch run unpatched
+        for owner, name, value in originals:
+            setattr(owner, name, value)
+
+
+def run_every_branch(out: Path) -> None:
     log = []
     for name in ("all_reduce", "broadcast", "barrier", "all_gather_object"):
         real = getattr(tdist, name)
@@ -238,6 +257,15 @@ def one_step(out: Path, loss_type: str, world: int, share=None):
     trainer.train_step()
     return grads["g"], trainer
 
+
+MODES = {
+    "train": train,
+    "dynamic": dynamic,
+    "fixed": fixed,
+    "grad": gradient_on_rank_0_only,
+    "collectives": log_collectives,
+    "signal": stop_in_the_last_step,
+}
 
 if __name__ == "__main__":
     main(*sys.argv[1:])

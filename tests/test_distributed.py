@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +15,17 @@ pytestmark = pytest.mark.slow
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
 
 
-def torchrun(*args, nproc=2, timeout=300):
+def torchrun(*args, nproc=2, timeout=300, check=True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: torchrun passes SIGTERM on to its ranks (a kill would orphan them)
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+        err += f"\ntorchrun stopped at the test's limit of {timeout} s"
+    proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    assert not check or proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
@@ -65,32 +73,57 @@ def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(tmp_path):
     assert one.returncode == 2 and "same number" in one.stderr
 
 
-def test_parameters_identical_on_both_ranks(tmp_path):
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "train")
-    p0, p1 = (torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1))
+# Every ddp_driver mode in one launch: a launch starts 2 processes that each import torch and transformers, which costs
+# more than most modes' few steps. Each test reads its own mode's files, and says why when they are missing (a mode that
+# hangs or raises ends the launch, and the modes after it never run).
+MODES = "fixed,train,dynamic,grad,collectives,signal"  # signal last: main() ends the process group
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """ddp_driver.py through every mode under torchrun, and beside it the fixed mode in one process (world size 1)."""
+    out = tmp_path_factory.mktemp("ddp")
+    driver = [ROOT / "tests" / "ddp_driver.py", out]
+    single = subprocess.Popen([sys.executable, *map(str, driver), "fixed"], stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = torchrun(*driver, MODES, timeout=600, check=False)
+    single_err = single.communicate(timeout=300)[1]
+
+    def files(mode: str, *names: str) -> Path:
+        missing = [name for name in names if not (out / mode / name).is_file()]
+        why = f"the launch exited {proc.returncode}: {proc.stderr[-3000:]}"
+        assert not missing, f"mode {mode} wrote no {', '.join(missing)}; {why}"
+        if mode == "fixed":
+            assert single.returncode == 0, (
+                f"the fixed mode in one process exited {single.returncode}: {single_err[-3000:]}"
+            )
+        return out / mode
+
+    return files
+
+
+def test_parameters_identical_on_both_ranks(launch):
+    out = launch("train", "params-0.pt", "params-1.pt")
+    p0, p1 = (torch.load(out / f"params-{r}.pt") for r in (0, 1))
     assert all(torch.equal(a, b) for a, b in zip(p0, p1))
 
 
-def test_dynamic_sampling_with_uneven_micro_batches_across_ranks(tmp_path):
+def test_dynamic_sampling_with_uneven_micro_batches_across_ranks(launch):
     """Rank 0 keeps 4 groups (2 micro-batches), rank 1 keeps 2 (1 micro-batch): every collective of the step must
-    still have one shape on every rank, or the step hangs (bounded here by the timeout) or sums the wrong numbers."""
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "dynamic", timeout=120)
-    r0, r1 = (torch.load(tmp_path / f"dynamic-{r}.pt", weights_only=False) for r in (0, 1))
+    still have one shape on every rank, or the step hangs (bounded here by the launch's limit) or sums the wrong
+    numbers."""
+    out = launch("dynamic", "dynamic-0.pt", "dynamic-1.pt")
+    r0, r1 = (torch.load(out / f"dynamic-{r}.pt", weights_only=False) for r in (0, 1))
     assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))
     assert [m["skipped"] for m in r0["history"]] == [0, 0]
     assert [m["frac_batch_filled"] for m in r0["history"]] == [0.75, 0.75]  # (1 + 0.5) / 2: the ranks' mean
 
 
 @pytest.fixture(scope="module")
-def fixed(tmp_path_factory):
+def fixed(launch):
     """One step on the same 16 fixed completions of unequal lengths for each loss type: under torchrun, 8 per rank,
     and in one process on all 16 (and on each half alone), side by side."""
-    out = tmp_path_factory.mktemp("fixed")
-    driver = [ROOT / "tests" / "ddp_driver.py", out, "fixed"]
-    single = subprocess.Popen([sys.executable, *map(str, driver)], stderr=subprocess.PIPE, text=True, env=ENV)
-    torchrun(*driver)
-    err = single.communicate(timeout=300)[1]
-    assert single.returncode == 0, err[-3000:]
+    names = [f"fixed-{t}-{w}.pt" for t in ("dapo", "grpo", "dr_grpo", "bnpo") for w in ("2", "1", "1x2")]
+    out = launch("fixed", *names)
     return lambda loss_type, world: torch.load(out / f"fixed-{loss_type}-{world}.pt")
 
 
@@ -118,35 +151,35 @@ def test_bnpo_divides_each_rank_by_its_own_tokens(fixed):
     assert not all(torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(two["grads"], big["grads"]))
 
 
-def test_a_signal_on_one_rank_in_the_last_step_stops_every_rank_alike(tmp_path):
+def test_a_signal_on_one_rank_in_the_last_step_stops_every_rank_alike(launch):
     """Rank 1 alone is signalled during the last step. Every rank must still take the same branch, a checkpoint (three
     barriers) rather than the model (one): before the ranks agreed after the last step, the collectives fell out of
     step, and no checkpoint was written."""
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "signal", timeout=180)
-    assert [(tmp_path / f"exit-{r}.txt").read_text() for r in (0, 1)] == ["143", "143"]  # 128 + SIGTERM on both
-    ckpt = tmp_path / "run" / "checkpoint-3"
+    out = launch("signal", "exit-0.txt", "exit-1.txt")
+    assert [(out / f"exit-{r}.txt").read_text() for r in (0, 1)] == ["143", "143"]  # 128 + SIGTERM on both
+    ckpt = out / "run" / "checkpoint-3"
     assert (ckpt / "rank-0.pt").is_file() and (ckpt / "rank-1.pt").is_file()
 
 
-def test_a_gradient_on_some_ranks_only_is_summed_in_step(tmp_path):
+def test_a_gradient_on_some_ranks_only_is_summed_in_step(launch):
     """A parameter that rank 1's forward never reaches (an unused expert) has no gradient there: rank 1 must still
     take part in the same reductions, and both ranks end with the same weights, that parameter moved by rank 0's."""
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "grad", timeout=180)
-    p0, p1 = (torch.load(tmp_path / f"grad-{r}.pt") for r in (0, 1))
+    out = launch("grad", "grad-0.pt", "grad-1.pt")
+    p0, p1 = (torch.load(out / f"grad-{r}.pt") for r in (0, 1))
     assert all(torch.equal(p0[name], p1[name]) for name in p0)
     assert p0["extra"].item() != 0  # rank 0's gradient reached it on both ranks
 
 
-def test_every_rank_makes_the_same_collectives_in_every_branch(tmp_path):
+def test_every_rank_makes_the_same_collectives_in_every_branch(launch):
     """Skipped, empty and non-finite steps, dynamic sampling, evaluation, checkpoints, completions, a stop signal:
     each branch that one rank takes, every rank takes, so each rank's sequence of collectives (name, shape, dtype)
     is the same."""
-    torchrun(ROOT / "tests" / "ddp_driver.py", tmp_path, "collectives", timeout=300)
-    logs = [json.loads((tmp_path / f"collectives-{r}.json").read_text()) for r in (0, 1)]
+    out = launch("collectives", "collectives-0.json", "collectives-1.json")
+    logs = [json.loads((out / f"collectives-{r}.json").read_text()) for r in (0, 1)]
     assert logs[0] == logs[1]
     runs = [entry[1] for entry in logs[0] if entry[0] == "run"]
     assert len(runs) == 6 and len(logs[0]) > 100
-    lines = training_rows(tmp_path / "run")  # the last run's: stopped after step 2 on both ranks
+    lines = training_rows(out / "run")  # the last run's: stopped after step 2 on both ranks
     assert [r["step"] for r in lines] == [1, 2]
 
 
