@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from contextlib import nullcontext
 
 import pytest
@@ -239,8 +238,9 @@ def test_throughput_fails_when_our_loop_is_grossly_slower(small_model, monkeypat
     model, tokenizer = small_model
     real = grpo_ssr.generate_completions
 
-    def slow(*args, **kwargs):
-        time.sleep(0.5)  # a generation loop about an order of magnitude slower than generate on this model
+    def slow(*args, **kwargs):  # an order of magnitude slower than ours, however busy the machine: a fixed sleep
+        for _ in range(9):  # of 0.5 s was not, beside other processes that slowed model.generate as much (ratio 0.5+)
+            real(*args, **kwargs)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(grpo_ssr, "generate_completions", slow)
