@@ -55,10 +55,12 @@ def quick_start_commands() -> list[str]:
 
 @pytest.mark.slow
 def test_quick_start_commands_run_one_after_another_in_one_folder(tmp_path):
-    """As a newcomer pastes them: each must start, not collide with the run before it. One step each (the flags are
-    appended, so they win): the full runs are the default run's test and the benchmarks'."""
+    """As a newcomer pastes them: each must start, not collide with the run before it. One small step each (the flags
+    are appended, so they win): each command still parses, loads its model, trains and writes its folder; the full
+    runs are the default run's test and the benchmarks'."""
     commands = quick_start_commands()
     assert len(commands) == 4 and commands[0] == "python grpo_ssr.py"
+    small = "--max_steps 1 --eval_steps 0 --per_device_train_batch_size 4 --num_generations 2 --max_completion_length 4"
     for command in commands:
-        proc = cli([*shlex.split(command)[2:], "--max_steps", "1", "--eval_steps", "0"], cwd=tmp_path, timeout=600)
+        proc = cli([*shlex.split(command)[2:], *small.split()], cwd=tmp_path, timeout=600)
         assert proc.returncode == 0, f"{command}: {proc.stderr[-1000:]}"
