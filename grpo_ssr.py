@@ -2174,7 +2174,7 @@ def read_metrics(path: Path | list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def plot_metrics(output_dir: Path):
-    """Draw output_dir/metrics.png and return its figure; not with pyplot, whose state is left alone."""
+    """Draw output_dir/metrics.png and return its figure, leaving pyplot alone; fixed margins (tight_layout is slow)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -2217,7 +2217,7 @@ def plot_metrics(output_dir: Path):
     buffer = cfg["replay_buffer_class"] + (f" ({cfg['ssr_mode']})" if replayed else "")
     smoothing = f"thin: each step; thick: the mean of the last {window} step(s)"
     fig.suptitle(f"model {cfg['model']}   reward {cfg['reward_funcs']}   buffer {buffer}   ({smoothing})", fontsize=11)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.055, right=0.99, bottom=0.1, top=0.9, wspace=0.3, hspace=0.2)
     fig.savefig(Path(output_dir) / "metrics.png", dpi=100)
     return fig
 
