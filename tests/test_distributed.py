@@ -1,92 +1,44 @@
 """torchrun with 2 CPU processes (gloo): the CLI runs, ranks stay in step, N ranks equal one big batch, resume works."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, training_rows
+from conftest import training_rows
 
 pytestmark = pytest.mark.slow
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
 
 
-def torchrun(*args, nproc=2, timeout=300, check=True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # a hang: torchrun passes SIGTERM on to its ranks (a kill would orphan them)
-        proc.terminate()
-        out, err = proc.communicate(timeout=120)
-        err += f"\ntorchrun stopped at the test's limit of {timeout} s"
-    proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    assert not check or proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-CLI = [
-    "--max_steps",
-    "4",
-    "--device",
-    "cpu",
-    "--per_device_train_batch_size",
-    "8",
-    "--num_generations",
-    "4",
-    "--max_completion_length",
-    "8",
-    "--save_steps",
-    "2",
-]
-
-
-def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    torchrun(ROOT / "grpo_ssr.py", *CLI, "--output_dir", out)
-    full = training_rows(out)
+def test_cli_under_torchrun_then_resume_from_a_two_rank_checkpoint(ddp_cli_runs):
+    future, out, _ = ddp_cli_runs
+    runs = future.result()
+    assert runs["first"].returncode == 0, runs["first"].stderr[-3000:]
+    full = training_rows(out / "first")  # the folder as the first launch left it
     assert [r["step"] for r in full] == [1, 2, 3, 4]  # one line per step, written by rank 0 alone
     assert all(r["completions"] == 16 for r in full)  # 8 completions from each of the 2 ranks
-    ckpt = out / "checkpoint-2"
+    ckpt = out / "first" / "checkpoint-2"
     assert (ckpt / "rank-0.pt").is_file() and (ckpt / "rank-1.pt").is_file()
     own = [torch.load(ckpt / f"rank-{r}.pt", weights_only=False) for r in (0, 1)]
     assert own[0]["buffer"]["size"] > 0 and own[1]["buffer"]["size"] > 0
     assert own[0]["rng"]["torch"].tolist() != own[1]["rng"]["torch"].tolist()  # sampling seeds differ per rank
 
-    torchrun(ROOT / "grpo_ssr.py", *CLI, "--output_dir", out, "--resume_from_checkpoint", ckpt)
-    resumed = training_rows(out)
+    assert runs["resumed"].returncode == 0, runs["resumed"].stderr[-3000:]  # from checkpoint-2, under torchrun
+    resumed = training_rows(out / "run")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for a, b in zip(full[2:], resumed[2:]):
         assert a["reward"] == b["reward"] and a["loss"] == b["loss"], (a, b)
-
-    one = subprocess.run(
-        [sys.executable, str(ROOT / "grpo_ssr.py"), *CLI, "--output_dir", out, "--resume_from_checkpoint", ckpt],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-    )
-    assert one.returncode == 2 and "same number" in one.stderr
-
-
-# Every ddp_driver mode in one launch: a launch starts 2 processes that each import torch and transformers, which costs
-# more than most modes' few steps. Each test reads its own mode's files, and says why when they are missing (a mode that
-# hangs or raises ends the launch, and the modes after it never run).
-MODES = "fixed,train,dynamic,grad,collectives,signal"  # signal last: main() ends the process group
+    assert runs["one"].returncode == 2 and "same number" in runs["one"].stderr  # the same checkpoint in one process
 
 
 @pytest.fixture(scope="module")
-def launch(tmp_path_factory):
-    """ddp_driver.py through every mode under torchrun, and beside it the fixed mode in one process (world size 1)."""
-    out = tmp_path_factory.mktemp("ddp")
-    driver = [ROOT / "tests" / "ddp_driver.py", out]
-    single = subprocess.Popen([sys.executable, *map(str, driver), "fixed"], stderr=subprocess.PIPE, text=True, env=ENV)
-    proc = torchrun(*driver, MODES, timeout=600, check=False)
-    single_err = single.communicate(timeout=300)[1]
+def launch(ddp_launch):
+    """ddp_driver.py through every mode under torchrun (conftest's ddp_launch), and beside it the fixed mode in one
+    process (world size 1). Each test reads its own mode's files, and says why when they are missing (a mode that
+    hangs or raises ends the launch, and the modes after it never run)."""
+    future, out = ddp_launch
+    proc, single, single_err = future.result()
 
     def files(mode: str, *names: str) -> Path:
         missing = [name for name in names if not (out / mode / name).is_file()]
@@ -183,18 +135,8 @@ def test_every_rank_makes_the_same_collectives_in_every_branch(launch):
     assert [r["step"] for r in lines] == [1, 2]
 
 
-def test_under_torchrun_a_mistake_is_one_line_from_one_rank(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "grpo_ssr.py"),
-    ]
-    proc = subprocess.run(
-        [*cmd, "--max_steps", "0", "--output_dir", str(tmp_path / "o")], capture_output=True, text=True, env=ENV
-    )
+def test_under_torchrun_a_mistake_is_one_line_from_one_rank(ddp_cli_runs):
+    proc = ddp_cli_runs[2].result()  # --max_steps 0
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "error: " in line]
     assert errors == ["error: --max_steps 0 is invalid: must be > 0"], proc.stderr[-2000:]

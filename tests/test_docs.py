@@ -3,11 +3,10 @@ Part I keeps to its budget."""
 
 import ast
 import re
-import shlex
 
 import pytest
 
-from conftest import ROOT, cli
+from conftest import ROOT
 
 
 def reading_map(source: str) -> str:
@@ -46,21 +45,12 @@ def test_readme_reading_map_matches_the_file():
     assert f"lines 1-{part2 - 2}" in readme
 
 
-def quick_start_commands() -> list[str]:
-    """The `python grpo_ssr.py` commands of the README's quick start, as written (continuation lines joined)."""
-    section = (ROOT / "README.md").read_text().split("## Quick start")[1].split("\n## ")[0]
-    text = "\n".join(re.findall(r"```bash\n(.*?)```", section, re.S)).replace("\\\n", " ")
-    return [line.split(" #")[0].strip() for line in text.splitlines() if line.startswith("python grpo_ssr.py")]
-
-
 @pytest.mark.slow
-def test_quick_start_commands_run_one_after_another_in_one_folder(tmp_path):
+def test_quick_start_commands_run_one_after_another_in_one_folder(quick_start_runs):
     """As a newcomer pastes them: each must start, not collide with the run before it. One small step each (the flags
     are appended, so they win): each command still parses, loads its model, trains and writes its folder; the full
     runs are the default run's test and the benchmarks'."""
-    commands = quick_start_commands()
-    assert len(commands) == 4 and commands[0] == "python grpo_ssr.py"
-    small = "--max_steps 1 --eval_steps 0 --per_device_train_batch_size 4 --num_generations 2 --max_completion_length 4"
-    for command in commands:
-        proc = cli([*shlex.split(command)[2:], *small.split()], cwd=tmp_path, timeout=600)
+    runs = quick_start_runs.result()
+    assert len(runs) == 4 and runs[0][0] == "python grpo_ssr.py"
+    for command, proc in runs:
         assert proc.returncode == 0, f"{command}: {proc.stderr[-1000:]}"

@@ -49,8 +49,8 @@ def json_line(stdout: str) -> dict:
 
 
 @pytest.mark.slow
-def test_dry_run_on_a_cpu_passes_every_check_a_cpu_can_run():
-    proc = run_script("--device", "cpu", "--small")
+def test_dry_run_on_a_cpu_passes_every_check_a_cpu_can_run(gpu_dry_run):
+    proc = gpu_dry_run.result()  # `gpu_check.py --device cpu --small`, run beside the other tests (conftest)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json_line(proc.stdout)
     assert result["checks"] == {**dict.fromkeys(gpu_check.CHECKS, "pass"), "memory": "needs CUDA"}, result["checks"]

