@@ -15,6 +15,7 @@ from pathlib import Path
 # passed from Python, on torch's 2 threads beside one busy process: 34 s spinning, 9 s sleeping).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import matplotlib.figure  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -62,12 +63,21 @@ def frozen_libraries():
     long as the session: frozen out of the garbage collector, a full collection no longer walks them. Python starts
     full collections itself as the tests allocate, and gpu_check calls gc.collect() after each check: in the fast lane
     they took 17 s (0.3 s each), and 9 s frozen."""
-    import datasets  # noqa: F401  (most test files load all three anyway)
-    import matplotlib.figure  # noqa: F401
+    import datasets  # noqa: F401  (most test files load them anyway)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     gc.collect()  # nothing that is already garbage is frozen
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def pictures(request, monkeypatch):
+    """Figures are written to disk only in the tests marked `pictures`. Drawing metrics.png's 2 x 4 panels takes most
+    of plot_metrics' time, and plot_metrics most of a short run's: elsewhere plot_metrics still reads the metrics and
+    builds every panel, and only the drawing and the file are left out (a test that looks for the file fails, and so
+    gets the mark). The default run, the command-line runs and the notebooks draw it in processes of their own."""
+    if request.node.get_closest_marker("pictures") is None:
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *args, **kwargs: None)
 
 
 @pytest.fixture
@@ -125,8 +135,18 @@ LONG_RUNS = (
 )
 
 
+# A test marked `background(seconds, job)` reads what job(folder, env) returned, through the fixture `background`: the
+# job, which runs processes of its own, is queued with the long runs. In the fast lane it runs on the core that the
+# tests, on one thread, leave idle.
+BACKGROUND = pytest.StashKey[Future]()
+
+
+def reads_long_runs(item) -> bool:
+    return item.get_closest_marker("background") is not None or any(name in item.fixturenames for name in LONG_RUNS)
+
+
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: any(name in item.fixturenames for name in LONG_RUNS))  # stable: else in file order
+    items.sort(key=reads_long_runs)  # stable: else in file order
 
 
 class LongRuns:
@@ -164,12 +184,23 @@ def long_runs():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def start_long_runs(request, long_runs):
-    """Queue the long runs that the selected tests read (none for `pytest -m "not slow"`), then start them."""
+def start_long_runs(request, long_runs, tmp_path_factory):
+    """Queue the long runs and background jobs that the selected tests read, then start them."""
     for name in LONG_RUNS:
         if any(name in item.fixturenames for item in request.session.items):
             request.getfixturevalue(name)
+    env = dict(os.environ)  # taken in the main thread (see above)
+    for item in request.session.items:
+        if marker := item.get_closest_marker("background"):
+            seconds, job = marker.args
+            item.stash[BACKGROUND] = long_runs.submit(seconds, job, tmp_path_factory.mktemp("background"), env)
     long_runs.start()
+
+
+@pytest.fixture
+def background(request):
+    """What the job of this test's `background` marker returned."""
+    return request.node.stash[BACKGROUND].result()
 
 
 @pytest.fixture(scope="session")

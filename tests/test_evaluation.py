@@ -104,6 +104,7 @@ def test_test_is_the_held_out_split_of_a_task_made_in_code(tmp_path):
     assert g.load_eval_prompts(cfg("test")) == heldout and g.load_eval_prompts(cfg("train")) == train != heldout
 
 
+@pytest.mark.pictures
 def test_eval_steps_writes_eval_lines_without_changing_training(cfg_factory, tmp_path):
     cfg = cfg_factory(max_steps=5, eval_steps=2, eval_num_generations=2)
     history = g.run(cfg)

@@ -5,7 +5,6 @@ files and rows refused with one line that names them."""
 import json
 import math
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -145,27 +144,34 @@ def test_arithmetic_through_load_prompts_and_the_held_out_loader():
 # --- local files, and the rows in them --------------------------------------------------------------------------------
 
 
-def test_data_and_model_problems_name_the_thing_at_fault(tmp_path):
-    empty = tmp_path / "empty.jsonl"
+def faulty_runs(folder, env) -> list:
+    """Bad data files and a bad model, each on the command line: [(flags, the name its error must give, process)]."""
+    empty = folder / "empty.jsonl"
     empty.write_text("")
-    garbage = tmp_path / "garbage.jsonl"
+    garbage = folder / "garbage.jsonl"
     garbage.write_text("{not json\n")
-    nocol = tmp_path / "nocol.jsonl"
+    nocol = folder / "nocol.jsonl"
     nocol.write_text(json.dumps({"text": "hi"}) + "\n")
-    badmodel = tmp_path / "model"
+    badmodel = folder / "model"
     badmodel.mkdir()
     (badmodel / "config.json").write_text("{}")
     cases = [
         (["--dataset", str(empty)], str(empty)),
         (["--dataset", str(garbage)], str(garbage)),
         (["--dataset", str(nocol)], "--prompt_column"),
-        (["--dataset", str(tmp_path / "nope.csv")], "nope.csv"),
+        (["--dataset", str(folder / "nope.csv")], "nope.csv"),
         (["--model", str(badmodel)], str(badmodel)),
         (["--model", "no-such-org/no-such-model"], "no-such-org/no-such-model"),
     ]
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = list(pool.map(lambda c: cli(c[0] + SMALL + ["--output_dir", str(tmp_path / "o")], tmp_path), cases))
-    for (flags, name), proc in zip(cases, procs):
+    return [
+        (flags, name, cli(flags + SMALL + ["--output_dir", str(folder / "o")], folder, env=env))
+        for flags, name in cases
+    ]
+
+
+@pytest.mark.background(15, faulty_runs)
+def test_data_and_model_problems_name_the_thing_at_fault(background):
+    for flags, name, proc in background:
         lines = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith("{")]
         assert proc.returncode == 2, (flags, proc.stderr[-1500:])
         assert len(lines) == 1 and name in lines[0] and "Traceback" not in proc.stderr, (flags, proc.stderr[-1500:])

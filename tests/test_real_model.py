@@ -108,6 +108,7 @@ def test_a_preset_that_cannot_be_had_is_one_line_exit_2(tmp_path, monkeypatch, c
     assert not (tmp_path / "cache" / NAME).exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.pictures
 def test_real_model_trains_on_arithmetic_with_bf16_and_evaluates(smollm2, tmp_path):
     """One small step through main: 2 prompts x 2 completions of 4 tokens, evaluated before and after on 2 prompts."""
     out = tmp_path / "run"

@@ -83,9 +83,14 @@ def test_bad_option_exits_2_with_one_line_naming_it(flags, option, tmp_path, cap
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # refused before any work
 
 
-def test_bad_options_on_the_command_line_are_one_line_and_exit_2(tmp_path):
-    for flags in (["--max_steps", "ten"], ["--ssr_mode", "append"]):
-        proc = cli(flags + ["--output_dir", str(tmp_path / "out")], tmp_path)
+def bad_options(folder, env):
+    flags = (["--max_steps", "ten"], ["--ssr_mode", "append"])
+    return [(f, cli(f + ["--output_dir", str(folder / "out")], folder, env=env)) for f in flags]
+
+
+@pytest.mark.background(5, bad_options)
+def test_bad_options_on_the_command_line_are_one_line_and_exit_2(background):
+    for flags, proc in background:
         lines = [l for l in proc.stderr.splitlines() if l.strip()]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert lines[0].startswith("error: ") and flags[0] in lines[0], proc.stderr
@@ -323,6 +328,7 @@ def test_python_api_as_a_trl_user_calls_it(tmp_path):
 # --- a run: main() end to end, what it writes and what it prints ------------------------------------------------------
 
 
+@pytest.mark.pictures
 def test_main_trains_and_writes_everything(tmp_path, capsys):
     out = tmp_path / "run"
     torch.manual_seed(0)
@@ -506,6 +512,7 @@ def test_the_end_of_a_run_prints_its_reward_and_what_replay_did(tmp_path, capsys
     assert g.summary_lines([], ssr) == []
 
 
+@pytest.mark.pictures
 def test_metrics_figure_has_a_replay_panel_a_title_and_smoothed_lines(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -726,6 +733,7 @@ def _files_save_pretrained_writes(tmp_path) -> set:
     return {p.name for p in folder.iterdir()}
 
 
+@pytest.mark.pictures
 @pytest.mark.slow
 def test_overwrite_removes_only_what_the_run_wrote(tmp_path, capsys):
     out = tmp_path / "here"
@@ -948,10 +956,9 @@ def test_unknown_flag_is_one_line_with_the_closest_name(capsys):
     )
 
 
-def test_help_lists_every_flag():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "grpo_ssr.py"), "--help"], capture_output=True, text=True, timeout=120
-    )
+@pytest.mark.background(3, lambda folder, env: cli(["--help"], folder, timeout=120, env=env))
+def test_help_lists_every_flag(background):
+    out = background
     assert out.returncode == 0
     for f in g.dataclasses.fields(g.GRPOConfig):
         assert f"--{f.name}" in out.stdout, f.name
