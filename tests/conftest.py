@@ -43,7 +43,8 @@ SMALL = [
 
 
 def small_config(tmp_path, **overrides) -> grpo_ssr.GRPOConfig:
-    """A few fast steps of the tiny model: 8 completions a micro-batch, groups of 4, 16 new tokens."""
+    """A few fast steps of the tiny model: 8 completions a micro-batch, groups of 4, 16 new tokens; no held-out pass
+    unless a test asks for one (eval_steps)."""
     base = dict(
         output_dir=str(tmp_path / "run"),
         max_steps=3,
@@ -52,6 +53,7 @@ def small_config(tmp_path, **overrides) -> grpo_ssr.GRPOConfig:
         max_completion_length=16,
         device="cpu",
         seed=0,
+        eval_steps=0,
     )
     base.update(overrides)
     return grpo_ssr.GRPOConfig(**base)

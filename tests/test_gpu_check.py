@@ -81,8 +81,9 @@ def test_dry_run_on_a_cpu_passes_every_check_a_cpu_can_run(gpu_dry_run):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script would run")
-def test_without_cuda_the_default_run_fails_on_one_line():
-    proc = run_script(timeout=120)
+@pytest.mark.background(2, lambda folder, env: None if torch.cuda.is_available() else run_script(timeout=120))
+def test_without_cuda_the_default_run_fails_on_one_line(background):
+    proc = background  # the plain command, beside the other tests
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = stderr_lines(proc.stderr)

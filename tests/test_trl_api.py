@@ -62,7 +62,7 @@ def test_trl_positional_order_takes_args_third_and_names_the_rest(cfg_factory, t
     the same order here."""
     from datasets import Dataset
 
-    args = cfg_factory(max_steps=1)
+    args = cfg_factory(max_steps=1, eval_steps=50)  # eval_dataset is scored only with eval_steps
     trainer = g.GRPOTrainer(str(tiny_folder), reward_len, args)
     assert trainer.cfg.max_steps == 1 and trainer.cfg.model == str(tiny_folder) and trainer.reward_weights == [1.0]
     data = Dataset.from_list([{"prompt": f"POST {i}\nTL;DR:"} for i in range(8)])
