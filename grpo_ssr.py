@@ -1833,6 +1833,7 @@ class GRPOTrainer(GRPOStep):
         out = Path(cfg.output_dir)
         main = self.dist.main
         old = [] if cfg.resume_from_checkpoint is not None else check_output_dir(cfg)  # again: runs since __init__
+        self.dist.barrier()  # every rank has read the folder before rank 0 empties it
         if main:  # a fresh run replaces what an earlier one wrote; a hard exit's half-written .tmp-* folders go too
             for path in old + [*out.glob(".tmp-*")]:
                 _remove(path)
@@ -2231,8 +2232,8 @@ RUN_FILES = ("metrics.jsonl", "completions.jsonl", "metrics.png", "grpo_config.j
 
 
 def check_output_dir(cfg: GRPOConfig) -> list[Path]:
-    """What a fresh run removes from --output_dir: an earlier run's files (names a run writes), where one left its
-    metrics.jsonl; one that finished a step only with --overwrite_output_dir. The new model's files replace the old."""
+    """What a fresh run removes from --output_dir: the files a run writes, where an earlier run left its metrics.jsonl;
+    a run that finished a step is replaced only with --overwrite_output_dir (the new model's files replace the old)."""
     out = Path(cfg.output_dir)
     if not (out / "metrics.jsonl").exists():  # no run here: nothing to remove
         return []
@@ -2331,9 +2332,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         run(*parse_cli(argv))
     except ConfigError as e:
-        rank = int(os.environ.get("RANK", "0"))
-        if not (e.rank_local or rank == 0):  # under torchrun rank 0 prints the line, and torchrun then stops the rest;
-            time.sleep(30)  # a rank that outlives it (rank 0 never met the error) prints it itself
+        if not (e.rank_local or os.environ.get("RANK", "0") == "0"):  # under torchrun rank 0 prints it, and then
+            time.sleep(30)  # torchrun stops the rest; a rank that outlives it (rank 0 never met the error) prints it
         print(f"error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # by a signal, after its checkpoint and the line that says how to resume

@@ -421,7 +421,7 @@ def torchrun(*args, nproc=2, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-DDP_MODES = "fixed,train,dynamic,grad,collectives,signal"  # signal last: main() ends the process group
+DDP_MODES = "fixed,train,dynamic,grad,collectives,overwrite,signal"  # signal last: main() ends the process group
 
 
 def _ddp_launch(out: Path):

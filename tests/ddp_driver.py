@@ -19,12 +19,15 @@ to grad-{rank}.pt.
 MODE "collectives": runs through every branch a step and a run can take (skipped, empty and non-finite steps, dynamic
 sampling, evaluation, checkpoints, completions, a stop signal) and writes each rank's sequence of collectives to
 collectives-{rank}.json.
+MODE "overwrite": two runs into one folder, the second overwriting the first, with rank 1 slow to read the folder;
+each rank writes the number of lines in metrics.jsonl to overwrite-{rank}.txt.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -205,6 +208,31 @@ def run_every_branch(out: Path) -> None:
     (out / f"collectives-{RANK}.json").write_text(json.dumps(log))
 
 
+def overwrite_with_a_slow_rank_1(out: Path) -> None:
+    """Two runs into one folder, the second with --overwrite_output_dir. Rank 1 reads the folder slowly (a slow disk):
+    it finds metrics.jsonl, then reads it a second later; rank 0 starts emptying the folder half a second in. Before
+    the ranks waited for each other there, rank 1's read found the file gone (FileNotFoundError)."""
+    real_is_file, real_remove = Path.is_file, g._remove
+
+    def is_file(path):
+        found = real_is_file(path)
+        if RANK == 1 and found and path.name == "metrics.jsonl":
+            time.sleep(1)
+        return found
+
+    def remove(path):
+        time.sleep(0.5)
+        real_remove(path)
+
+    Path.is_file, g._remove = is_file, remove
+    try:
+        for _ in range(2):
+            g.run(*g.parse_cli([*QUICK, "--max_steps", "1", "--output_dir", str(out / "run")]))
+    finally:
+        Path.is_file, g._remove = real_is_file, real_remove
+    (out / f"overwrite-{RANK}.txt").write_text(str(len(g.read_lines(out / "run" / "metrics.jsonl"))))
+
+
 CALLS = []
 
 
@@ -264,6 +292,7 @@ MODES = {
     "fixed": fixed,
     "grad": gradient_on_rank_0_only,
     "collectives": log_collectives,
+    "overwrite": overwrite_with_a_slow_rank_1,
     "signal": stop_in_the_last_step,
 }
 

@@ -122,6 +122,14 @@ def test_a_gradient_on_some_ranks_only_is_summed_in_step(launch):
     assert p0["extra"].item() != 0  # rank 0's gradient reached it on both ranks
 
 
+def test_rank_0_empties_the_folder_only_after_every_rank_has_read_it(launch):
+    """--overwrite_output_dir under torchrun: every rank reads the folder before a run starts, and rank 0 then empties
+    it. Here rank 1 reads slowly, and rank 0 is made to wait half a second, as on a loaded machine: rank 0 must wait
+    for rank 1, or rank 1 finds metrics.jsonl gone between seeing it and reading it (seen in CI)."""
+    out = launch("overwrite", "overwrite-0.txt", "overwrite-1.txt")
+    assert [(out / f"overwrite-{r}.txt").read_text() for r in (0, 1)] == ["1", "1"]  # the second run's one step
+
+
 def test_every_rank_makes_the_same_collectives_in_every_branch(launch):
     """Skipped, empty and non-finite steps, dynamic sampling, evaluation, checkpoints, completions, a stop signal:
     each branch that one rank takes, every rank takes, so each rank's sequence of collectives (name, shape, dtype)
