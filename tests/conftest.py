@@ -156,7 +156,9 @@ class LongRuns:
     longest first by `seconds` (an estimate: each job's time alone on 2 cores), and later submissions at once."""
 
     def __init__(self, pool: ThreadPoolExecutor):
-        self.pool, self.queued, self.started = pool, [], False
+        self.pool = pool
+        self.queued = []  # (seconds, future, job), until start
+        self.started = False
 
     def submit(self, seconds: float, fn, *args, **kwargs) -> Future:
         future = Future()
