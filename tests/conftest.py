@@ -457,8 +457,8 @@ def _ddp_cli_then_resume(out: Path) -> dict:
     if runs["first"].returncode == 0:
         shutil.copytree(out / "run", out / "first")
         runs["resumed"] = torchrun(script, *DDP_CLI, "--output_dir", out / "run", "--resume_from_checkpoint", ckpt)
-        one = [sys.executable, script, *DDP_CLI, "--output_dir", out / "run", "--resume_from_checkpoint", ckpt]
-        runs["one"] = subprocess.run(one, capture_output=True, text=True, env=TORCHRUN_ENV, timeout=300)
+        one = [*DDP_CLI, "--output_dir", out / "run", "--resume_from_checkpoint", ckpt]
+        runs["one"] = cli(one, out, timeout=300, env=TORCHRUN_ENV)
     return runs
 
 
@@ -470,12 +470,26 @@ def ddp_cli_runs(tmp_path_factory, long_runs):
     return long_runs.submit(50, _ddp_cli_then_resume, out), out, long_runs.submit(12, *mistake)
 
 
+GPU_CHECK_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+
+
+def run_gpu_check(*args, timeout=300) -> subprocess.CompletedProcess:
+    """`python tests/benchmarks/gpu_check.py ARGS`, as a process of its own."""
+    script = ROOT / "tests" / "benchmarks" / "gpu_check.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=GPU_CHECK_ENV,
+        cwd=ROOT,
+    )
+
+
 @pytest.fixture(scope="session")
 def gpu_dry_run(long_runs):
-    """`python tests/benchmarks/gpu_check.py --device cpu --small`: the future process."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    run = [sys.executable, str(ROOT / "tests" / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small"]
-    return long_runs.submit(45, subprocess.run, run, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    """`gpu_check.py --device cpu --small`: the future process."""
+    return long_runs.submit(45, run_gpu_check, "--device", "cpu", "--small")
 
 
 def error_line(capsys) -> str:

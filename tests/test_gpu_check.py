@@ -5,30 +5,20 @@ hand-built histories (a NaN loss, a zero gradient, a skipped step, a resume that
 
 import json
 import math
-import os
-import subprocess
 import sys
 from contextlib import nullcontext
 
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, run_gpu_check
 
 sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 import gpu_check  # noqa: E402
 
 import grpo_ssr  # noqa: E402
 
-SCRIPT = ROOT / "tests" / "benchmarks" / "gpu_check.py"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 CPU = torch.device("cpu")
-
-
-def run_script(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT
-    )
 
 
 def stderr_lines(text: str) -> list[str]:
@@ -81,7 +71,7 @@ def test_dry_run_on_a_cpu_passes_every_check_a_cpu_can_run(gpu_dry_run):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script would run")
-@pytest.mark.background(2, lambda folder, env: None if torch.cuda.is_available() else run_script(timeout=120))
+@pytest.mark.background(2, lambda folder, env: None if torch.cuda.is_available() else run_gpu_check(timeout=120))
 def test_without_cuda_the_default_run_fails_on_one_line(background):
     proc = background  # the plain command, beside the other tests
     assert proc.returncode == 2
@@ -96,7 +86,7 @@ def test_without_cuda_the_default_run_fails_on_one_line(background):
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_full_check_on_the_gpu_passes():
-    proc = run_script(timeout=600)
+    proc = run_gpu_check(timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json_line(proc.stdout)
     assert result["checks"] == dict.fromkeys(gpu_check.CHECKS, "pass"), result["checks"]
